@@ -1,0 +1,115 @@
+"""Code2Wav runner: decodes codec frames to 24 kHz audio in streamed chunks, gap-free.
+
+Chunk n covers frames [s, e) and is decoded together with `left_context` frames before s. The
+vocoder's transposed convolutions cannot finish the last samples of a window without the next frame,
+so a decode of frames [a, e) yields only its first (e - a) * upsample - lost samples. Instead of
+dropping what is missing (as transformers' chunked_decode does, leaving gaps), we emit audio up to
+where the window really ends and start the next chunk from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnivoice.config import ChunkConfig, StageConfig
+from omnivoice.engine.chunks import CodecChunk, PcmOutput, StageFinished
+from omnivoice.engine.types import StageStats
+
+
+@dataclass
+class _Stream:
+    frames: list[np.ndarray] = field(default_factory=list)  # each [G, n]
+    total: int = 0  # frames received
+    decoded_to: int = 0  # frames covered by emitted chunks
+    emitted: int = 0  # samples emitted
+    chunks: int = 0
+    finished: bool = False
+    codes: np.ndarray | None = None
+
+    def all_codes(self) -> np.ndarray:
+        if self.frames:
+            self.codes = np.concatenate(([self.codes] if self.codes is not None else []) + self.frames, axis=1)
+            self.frames = []
+        assert self.codes is not None
+        return self.codes
+
+
+class Code2WavRunner:
+    name = "code2wav"
+
+    def __init__(self, code2wav: Any, cfg: StageConfig, chunk: ChunkConfig, device: torch.device) -> None:
+        self.model = code2wav
+        self.cfg = cfg
+        self.chunk = chunk
+        self.device = device
+        self.upsample = int(code2wav.total_upsample)
+        self.streams: dict[str, _Stream] = {}
+        self._steps = 0
+        self._last_batch = 0
+
+    def accept(self, msg: Any) -> list[Any]:
+        if not isinstance(msg, CodecChunk):
+            raise TypeError(f"code2wav cannot take {type(msg).__name__}")
+        st = self.streams.get(msg.request_id)
+        if st is None:
+            st = self.streams[msg.request_id] = _Stream()
+        frames = np.asarray(msg.frames)
+        if frames.shape[1]:
+            st.frames.append(frames)
+            st.total += frames.shape[1]
+        st.finished = st.finished or msg.finished
+        return []
+
+    def abort(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+
+    def _target(self, st: _Stream) -> int:
+        """End frame of the next chunk, or 0 if it cannot be decoded yet."""
+        size = self.chunk.first_frames if st.chunks == 0 else self.chunk.frames
+        if st.total - st.decoded_to >= size:
+            return st.decoded_to + size
+        if st.finished:
+            return st.total if st.total > st.decoded_to else -1  # -1: finished, nothing left
+        return 0
+
+    def has_work(self) -> bool:
+        return any(self._target(st) != 0 for st in self.streams.values())
+
+    def active_ids(self) -> list[str]:
+        return list(self.streams)
+
+    def stats(self) -> StageStats:
+        return StageStats(self.name, 0, len(self.streams), self._last_batch, self._steps)
+
+    @torch.inference_mode()
+    def step(self) -> list[Any]:
+        outs: list[Any] = []
+        n = 0
+        for rid, st in list(self.streams.items()):
+            if n >= self.cfg.max_batch:
+                break
+            end = self._target(st)
+            if end > 0:
+                outs.append(self._decode(rid, st, end))
+                n += 1
+            if st.finished and st.decoded_to >= st.total:
+                outs.append(StageFinished(rid, "code2wav", "stop", st.total))
+                del self.streams[rid]
+        self._last_batch = n
+        self._steps += 1
+        return outs
+
+    def _decode(self, rid: str, st: _Stream, end: int) -> PcmOutput:
+        start = max(0, st.decoded_to - self.chunk.left_context)
+        codes = torch.from_numpy(st.all_codes()[:, start:end]).to(self.device)[None]  # [1, G, n]
+        wav = self.model(codes)[0, 0].float().cpu().numpy()  # [samples]
+        window_end = start * self.upsample + wav.shape[0]  # absolute sample where this decode stops
+        pcm = wav[st.emitted - start * self.upsample :]
+        st.emitted = window_end
+        st.decoded_to = end
+        st.chunks += 1
+        return PcmOutput(rid, st.chunks - 1, pcm.copy())

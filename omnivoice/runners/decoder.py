@@ -1,0 +1,87 @@
+"""Forward of a transformers decoder stack (Qwen3 / Qwen3-MoE layers) over our slot KV cache.
+
+The layers' own modules (norms, projections, MoE blocks, rotary embedding) are reused as they are,
+so the weights and the math are transformers'; only the attention's cache and masking are ours, so
+requests of different lengths decode together in one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
+
+from omnivoice.runners.kv_cache import SlotKVCache
+
+
+class DecoderStack:
+    """`model` is a transformers text model with `.layers`, `.norm` and `.rotary_emb`."""
+
+    def __init__(self, model: nn.Module, multimodal_rope: bool) -> None:
+        self.layers = list(model.layers)
+        self.norm = model.norm
+        self.rotary = model.rotary_emb
+        self.multimodal_rope = multimodal_rope
+        attn = self.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.kv_heads = attn.k_proj.out_features // attn.head_dim
+
+    def make_cache(self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> SlotKVCache:
+        return SlotKVCache(len(self.layers), num_slots, self.kv_heads, max_len, self.head_dim, dtype, device)
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [B, T]; text and audio positions are 1-D, so all three mrope axes are equal
+        pos = positions.unsqueeze(0).expand(3, -1, -1) if self.multimodal_rope else positions
+        return self.rotary(x, pos)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cache: SlotKVCache,
+        slots: list[int],
+        starts: list[int],
+        keep: Iterable[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """h: [B, T, H] inputs at positions starts[b]..starts[b]+T of each row's slot.
+
+        Returns the final-normed hidden [B, T, H] and the hidden states named in `keep`
+        (0 = inputs, k = output of layer k, transformers' `hidden_states[k]`). Advances the slots.
+        """
+        b, t, _ = h.shape
+        device = h.device
+        start_t = torch.tensor(starts, device=device).unsqueeze(1)  # [B, 1]
+        positions = start_t + torch.arange(t, device=device).unsqueeze(0)  # [B, T]
+        cos, sin = self._rope(h, positions)
+        length = max(starts) + t
+        mask = None
+        if b > 1 or starts[0] > 0 and t > 1:
+            keys = torch.arange(length, device=device).view(1, 1, 1, length)
+            mask = keys <= positions.view(b, 1, t, 1)  # [B, 1, T, K]
+        kept: dict[int, torch.Tensor] = {}
+        keep = set(keep)
+        if 0 in keep:
+            kept[0] = h
+        for i, layer in enumerate(self.layers):
+            residual = h
+            x = layer.input_layernorm(h)
+            h = residual + self._attention(layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if i + 1 in keep:
+                kept[i + 1] = h
+        for slot, start in zip(slots, starts, strict=True):
+            cache.lengths[slot] = start + t
+        return self.norm(h), kept
+
+    def _attention(self, attn, layer_idx, x, cos, sin, cache, slots, starts, length, mask) -> torch.Tensor:
+        shape = (*x.shape[:-1], -1, self.head_dim)
+        q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)  # [B, Hq, T, D]
+        k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)  # [B, Hkv, T, D]
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        cache.write(layer_idx, slots, starts, k, v)
+        keys, values = cache.read(layer_idx, slots, length)
+        out, _ = sdpa_attention_forward(attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling)
+        return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())

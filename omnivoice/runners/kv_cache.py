@@ -1,0 +1,58 @@
+"""A static KV cache with one slot per running request (gpt-fast style, no paging)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    """k/v: [layers, slots, kv_heads, max_len, head_dim]. A request owns one slot while it runs."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.lengths = [0] * num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free KV cache slot")
+        slot = self._free.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self._free.append(slot)
+
+    def write(self, layer: int, slots: list[int], starts: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [B, kv_heads, T, head_dim] for rows at positions starts[b] .. starts[b] + T."""
+        t = k.shape[2]
+        for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+            if start + t > self.max_len:
+                raise RuntimeError(f"sequence exceeds the KV cache length {self.max_len}")
+            self.k[layer, slot, :, start : start + t] = k[b]
+            self.v[layer, slot, :, start : start + t] = v[b]
+
+    def read(self, layer: int, slots: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `slots` up to `length`: [B, kv_heads, length, head_dim]."""
+        if len(slots) == 1:
+            s = slots[0]
+            return self.k[layer, s : s + 1, :, :length], self.v[layer, s : s + 1, :, :length]
+        idx = torch.tensor(slots, device=self.k.device)
+        return self.k[layer, idx, :, :length], self.v[layer, idx, :, :length]

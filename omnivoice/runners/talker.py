@@ -1,0 +1,214 @@
+"""Talker runner: turns the thinker's streamed text into codec frames, one frame per step.
+
+A request joins the batch as soon as its first assistant token arrives. Each step runs, for every
+ready request at once, the code predictor (codebooks 1..15 of the previous frame) and one talker
+decode (codebook 0 of the next frame), as transformers' generate() does one request at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from omnivoice.config import StageConfig
+from omnivoice.engine.chunks import CodecChunk, StageFinished, ThinkerChunk
+from omnivoice.engine.types import GenerationRequest, StageStats
+from omnivoice.runners.code_predictor import CodePredictor
+from omnivoice.runners.decoder import DecoderStack
+from omnivoice.runners.sampling import RequestSampler
+
+if TYPE_CHECKING:
+    from omnivoice.models.loader import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Seq:
+    request: GenerationRequest
+    user_part: torch.Tensor  # [U, Ht] projected user turns
+    role_embeds: torch.Tensor  # [3, Hth] thinker embeddings of "<|im_start|>assistant\n"
+    text: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of forwarded tokens
+    text_done: bool = False
+    slot: int = -1
+    sampler: RequestSampler | None = None
+    step: int = 0  # transformers' generation_step: index into the trailing text
+    code0: int = -1
+    hidden: torch.Tensor | None = None  # [Ht] talker's last hidden state
+    frames: int = 0
+
+    def ready(self) -> bool:
+        if self.slot < 0:
+            return len(self.text) >= 1
+        return self.step + 1 < len(self.text) or self.text_done
+
+
+class TalkerRunner:
+    name = "talker"
+
+    def __init__(self, talker: Any, tts_embeds: torch.Tensor, spec: ModelSpec, cfg: StageConfig,
+                 device: torch.device) -> None:
+        self.model = talker
+        self.spec = spec
+        self.cfg = cfg
+        self.device = device
+        self.dtype = talker.dtype
+        self.stack = DecoderStack(talker.model, multimodal_rope=True)
+        self.codec_embed = talker.get_input_embeddings()
+        self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
+        self.predictor = CodePredictor(talker.code_predictor, cfg.max_batch, device)
+        # [3, Ht]: text_projection of the thinker's tts_bos / tts_eos / tts_pad embeddings
+        self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(tts_embeds.to(device, self.dtype))
+        self.suppress = torch.tensor(spec.talker_suppressed_ids, device=device)
+        self.seqs: dict[str, _Seq] = {}
+        self._steps = 0
+        self._last_batch = 0
+
+    # ---- StageRunner -------------------------------------------------------------------------
+    def accept(self, msg: Any) -> list[Any]:
+        if not isinstance(msg, ThinkerChunk):
+            raise TypeError(f"talker cannot take {type(msg).__name__}")
+        seq = self.seqs.get(msg.request_id)
+        if seq is None:
+            if msg.request is None:
+                return []  # a chunk of a request this stage already finished or aborted
+            seq = self._new_seq(msg)
+            self.seqs[msg.request_id] = seq
+        if msg.token_ids:
+            seq.text.extend(self._t(msg.token_embeds))
+        if msg.finished:
+            seq.text_done = True
+            if not seq.text and seq.slot < 0:
+                # no assistant text reached the talker (a one-token answer): no audio
+                self.seqs.pop(msg.request_id)
+                return self._finish_outputs(seq, "stop")
+        return []
+
+    def abort(self, request_id: str) -> None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None and seq.slot >= 0:
+            self.cache.release(seq.slot)
+
+    def has_work(self) -> bool:
+        return any(s.ready() and (s.slot >= 0 or self.cache.free_slots > 0) for s in self.seqs.values())
+
+    def active_ids(self) -> list[str]:
+        return [rid for rid, s in self.seqs.items() if s.slot >= 0]
+
+    def stats(self) -> StageStats:
+        queued = sum(1 for s in self.seqs.values() if s.slot < 0)
+        return StageStats(self.name, queued, len(self.seqs) - queued, self._last_batch, self._steps)
+
+    @torch.inference_mode()
+    def step(self) -> list[Any]:
+        outs: list[Any] = []
+        batch = [s for s in self.seqs.values() if s.slot >= 0 and s.ready()]
+        for s in list(self.seqs.values()):
+            if s.slot < 0 and s.ready() and self.cache.free_slots > 0:
+                outs += self._prefill(s)
+        if batch:
+            outs += self._decode(batch)
+        self._steps += 1
+        return outs
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _t(self, a: np.ndarray) -> list[torch.Tensor]:
+        return list(torch.from_numpy(np.asarray(a)).to(self.device, self.dtype))
+
+    def _new_seq(self, msg: ThinkerChunk) -> _Seq:
+        ids = torch.tensor(msg.prompt_ids, device=self.device)
+        embeds = torch.from_numpy(msg.prompt_embeds).to(self.device, self.dtype)  # [T, Hth]
+        hidden = torch.from_numpy(msg.prompt_hidden).to(self.device, self.dtype)  # [T, Hth]
+        user = _user_positions(ids, self.spec)
+        mm = user & _multimodal_positions(ids, self.spec)
+        part = torch.empty(int(user.sum()), self.tts_pad.shape[-1], device=self.device, dtype=self.dtype)
+        sel_mm = mm[user]
+        if bool(sel_mm.any()):
+            part[sel_mm] = self.model.hidden_projection(hidden[mm])
+        if bool((~sel_mm).any()):
+            part[~sel_mm] = self.model.text_projection(embeds[user & ~mm])
+        return _Seq(request=msg.request, user_part=part, role_embeds=embeds[-3:])
+
+    def _prefill(self, seq: _Seq) -> list[Any]:
+        spec, req = self.spec, seq.request
+        assistant = self.model.text_projection(torch.stack([*seq.role_embeds, seq.text[0]]))  # [4, Ht]
+        text_part = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
+        voice = spec.speaker_ids[req.voice]
+        codec_ids = [spec.codec_nothink_id, spec.codec_think_bos_id, spec.codec_think_eos_id, voice,
+                     spec.codec_pad_id, spec.codec_bos_id]
+        codec_part = torch.cat([
+            torch.zeros(3, text_part.shape[-1], device=self.device, dtype=self.dtype),
+            self.codec_embed(torch.tensor(codec_ids, device=self.device)),
+        ])
+        inputs = torch.cat([seq.user_part, text_part + codec_part])[None]  # [1, P, Ht]
+        if inputs.shape[1] + req.talker.max_tokens > self.cfg.max_seq_len:
+            raise ValueError(f"talker context {inputs.shape[1]} + {req.talker.max_tokens} frames exceeds "
+                             f"{self.cfg.max_seq_len}")
+        seq.slot = self.cache.alloc()
+        seq.sampler = RequestSampler(req.talker, [spec.codec_eos_id], suppress=self.suppress)
+        h, _ = self.stack.forward(inputs, self.cache, [seq.slot], [0])
+        return self._sample([seq], h[:, -1])
+
+    def _decode(self, seqs: list[_Seq]) -> list[Any]:
+        code0 = torch.tensor([s.code0 for s in seqs], device=self.device)
+        hidden = torch.stack([s.hidden for s in seqs])  # [B, Ht]
+        residual, residual_embeds = self.predictor.predict(hidden, self.codec_embed(code0), seqs)
+        frames = torch.cat([code0[:, None], residual], dim=1)  # [B, G]
+        summed = torch.cat([self.codec_embed(code0)[:, None], residual_embeds], dim=1).sum(1)  # [B, Ht]
+        inputs = summed + torch.stack([self._trailing(s) for s in seqs])
+        starts = [self.cache.lengths[s.slot] for s in seqs]
+        h, _ = self.stack.forward(inputs[:, None], self.cache, [s.slot for s in seqs], starts)
+        outs: list[Any] = []
+        frames_np = frames.cpu().numpy()
+        for b, s in enumerate(seqs):
+            s.step += 1
+            s.frames += 1
+            outs.append(CodecChunk(s.request.request_id, frames_np[b][:, None], False, first=s.frames == 1))
+        self._last_batch = len(seqs)
+        return outs + self._sample(seqs, h[:, -1])
+
+    def _trailing(self, s: _Seq) -> torch.Tensor:
+        j = s.step + 1  # trailing_text_hidden[step] is the projection of forwarded token step + 1
+        if j < len(s.text):
+            return self.model.text_projection(s.text[j][None])[0]
+        return self.tts_eos if j == len(s.text) else self.tts_pad
+
+    def _sample(self, seqs: list[_Seq], hidden: torch.Tensor) -> list[Any]:
+        logits = self.model.codec_head(hidden)  # [B, V]
+        outs: list[Any] = []
+        for b, s in enumerate(seqs):
+            assert s.sampler is not None
+            token = s.sampler.sample(logits[b])
+            s.code0, s.hidden = token, hidden[b]
+            reason = None
+            if s.sampler.is_end(token):
+                reason = "stop"
+            elif s.sampler.generated >= s.sampler.params.max_tokens:
+                reason = "length"  # the last codebook-0 token never gets its frame, as in transformers
+            if reason is not None:
+                self.seqs.pop(s.request.request_id, None)
+                self.cache.release(s.slot)
+                outs += self._finish_outputs(s, reason)
+        return outs
+
+    def _finish_outputs(self, seq: _Seq, reason: str) -> list[Any]:
+        rid = seq.request.request_id
+        empty = np.zeros((self.spec.num_code_groups, 0), dtype=np.int64)
+        return [CodecChunk(rid, empty, True), StageFinished(rid, "talker", reason, seq.frames)]
+
+
+def _user_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """Positions inside user turns: from a user turn's <|im_start|> up to the next <|im_start|>."""
+    pos = torch.arange(ids.shape[0], device=ids.device)
+    starts = torch.where(ids == spec.im_start_id, pos, torch.full_like(pos, -1))
+    prev = torch.cummax(starts, dim=0).values.clamp_min(0)
+    role = ids[(prev + 1).clamp_max(ids.shape[0] - 1)]
+    return role == spec.user_id
+
+
+def _multimodal_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    return (ids == spec.audio_pad_id) | (ids == spec.image_pad_id) | (ids == spec.video_pad_id)
