@@ -1,0 +1,1 @@
+"""Load generators and reports: `omnivoice bench` measures a running server from the client side."""

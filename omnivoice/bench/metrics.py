@@ -1,0 +1,152 @@
+"""Benchmark figures from per-request timing records, with vLLM-Omni's definitions.
+
+All times in a record are seconds on one monotonic clock (`time.perf_counter()`), measured from
+nothing in particular; only differences matter. Per request, from the send time `t0`:
+
+- TTFT: first SSE chunk of modality text that carries text.
+- TTFP: first SSE chunk of modality audio that carries audio.
+- RTF: (arrival of the last audio chunk - t0) / seconds of audio received.
+- playback stall: see `playback_stall`.
+
+Over the run: audio-s/s = audio seconds of all successful requests / benchmark duration, and
+output tok/s = text tokens of all successful requests / benchmark duration. Failed requests only
+count in `errors`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestRecord:
+    """What one request's client saw. `audio_chunks` holds (arrival time, seconds of audio)."""
+
+    t0: float
+    first_text: float | None = None
+    audio_chunks: list[tuple[float, float]] = field(default_factory=list)
+    text_tokens: int = 0
+    end: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def first_audio(self) -> float | None:
+        return self.audio_chunks[0][0] if self.audio_chunks else None
+
+    @property
+    def last_audio(self) -> float | None:
+        return self.audio_chunks[-1][0] if self.audio_chunks else None
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(seconds for _, seconds in self.audio_chunks)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, as numpy.percentile's default."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def playback_stall(chunks: Sequence[tuple[float, float]]) -> float:
+    """Seconds a player that starts at the first audio chunk waits with an empty buffer.
+
+    max over chunks of (arrival - (first arrival + audio received before that chunk)), clipped at 0.
+    For a player that resumes as soon as the late chunk arrives this is its total waiting time;
+    with a single stall (the usual case) it is that stall's length.
+    """
+    if not chunks:
+        return 0.0
+    start = chunks[0][0]
+    played = 0.0
+    worst = 0.0
+    for arrival, seconds in chunks:
+        worst = max(worst, arrival - (start + played))
+        played += seconds
+    return worst
+
+
+def rtf(record: RequestRecord) -> float | None:
+    """Real-time factor: (last audio arrival - t0) / audio seconds; None without audio."""
+    audio = record.audio_seconds
+    if record.last_audio is None or audio <= 0:
+        return None
+    return (record.last_audio - record.t0) / audio
+
+
+@dataclass(frozen=True)
+class Stats:
+    mean: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float], scale: float = 1.0) -> Stats:
+        if not values:
+            return cls()
+        return cls(
+            mean=scale * sum(values) / len(values),
+            p50=scale * percentile(values, 50),
+            p99=scale * percentile(values, 99),
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Figures of one benchmark run (warm-ups excluded). Latencies in ms, None where nothing measured."""
+
+    requests: int
+    errors: int
+    duration_s: float
+    ttft_ms: Stats
+    ttfp_ms: Stats
+    rtf: Stats
+    latency_ms: Stats
+    audio_s_per_s: float
+    output_tok_per_s: float
+    audio_seconds: float
+    text_tokens: int
+    max_stall_ms: float | None
+    mean_stall_ms: float | None
+    no_audio: int
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
+    """Aggregate the measured requests of a run that took `duration_s` seconds of wall time."""
+    ok = [r for r in records if r.ok]
+    with_audio = [r for r in ok if r.audio_seconds > 0 and r.first_audio is not None]
+    ttft = [r.first_text - r.t0 for r in ok if r.first_text is not None]
+    ttfp = [r.first_audio - r.t0 for r in with_audio if r.first_audio is not None]
+    rtfs = [x for x in (rtf(r) for r in with_audio) if x is not None]
+    latency = [r.end - r.t0 for r in ok if r.end is not None]
+    stalls = [playback_stall(r.audio_chunks) for r in with_audio]
+    audio_total = sum(r.audio_seconds for r in ok)
+    tokens_total = sum(r.text_tokens for r in ok)
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
+    return Summary(
+        requests=len(ok),
+        errors=len(records) - len(ok),
+        duration_s=duration_s,
+        ttft_ms=Stats.of(ttft, 1000.0),
+        ttfp_ms=Stats.of(ttfp, 1000.0),
+        rtf=Stats.of(rtfs),
+        latency_ms=Stats.of(latency, 1000.0),
+        audio_s_per_s=audio_total * per_s,
+        output_tok_per_s=tokens_total * per_s,
+        audio_seconds=audio_total,
+        text_tokens=tokens_total,
+        max_stall_ms=1000.0 * max(stalls) if stalls else None,
+        mean_stall_ms=1000.0 * sum(stalls) / len(stalls) if stalls else None,
+        no_audio=len(ok) - len(with_audio),
+    )
