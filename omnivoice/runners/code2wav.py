@@ -32,7 +32,9 @@ class _Stream:
 
     def all_codes(self) -> np.ndarray:
         if self.frames:
-            self.codes = np.concatenate(([self.codes] if self.codes is not None else []) + self.frames, axis=1)
+            self.codes = np.concatenate(
+                ([self.codes] if self.codes is not None else []) + self.frames, axis=1
+            )
             self.frames = []
         assert self.codes is not None
         return self.codes

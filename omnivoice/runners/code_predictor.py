@@ -25,19 +25,24 @@ class CodePredictor:
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
 
-    def predict(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, seqs: list[Any]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """talker_hidden, code0_embed: [B, Ht] -> residual codes [B, G-1] and their embeddings [B, G-1, Ht]."""
+    def predict(
+        self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, seqs: list[Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """talker_hidden, code0_embed: [B, Ht] -> residual codes [B, G-1], their embeddings [B, G-1, Ht]."""
         b = talker_hidden.shape[0]
         slots = [self.cache.alloc() for _ in range(b)]
         try:
             samplers = [self._sampler(s) for s in seqs]
-            h, _ = self.stack.forward(torch.stack([talker_hidden, code0_embed], dim=1), self.cache, slots, [0] * b)
+            h, _ = self.stack.forward(
+                torch.stack([talker_hidden, code0_embed], dim=1), self.cache, slots, [0] * b
+            )
             codes: list[torch.Tensor] = []
             embeds: list[torch.Tensor] = []
             for k in range(self.groups - 1):
                 logits = self.heads[k](h[:, -1])  # [B, V]
-                code = torch.tensor([smp.sample(logits[i]) for i, smp in enumerate(samplers)], device=self.device)
+                code = torch.tensor(
+                    [smp.sample(logits[i]) for i, smp in enumerate(samplers)], device=self.device
+                )
                 codes.append(code)
                 embeds.append(self.embeds[k](code))
                 if k == self.groups - 2:

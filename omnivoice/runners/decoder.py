@@ -29,7 +29,9 @@ class DecoderStack:
         self.head_dim = attn.head_dim
         self.kv_heads = attn.k_proj.out_features // attn.head_dim
 
-    def make_cache(self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device) -> SlotKVCache:
+    def make_cache(
+        self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device
+    ) -> SlotKVCache:
         return SlotKVCache(len(self.layers), num_slots, self.kv_heads, max_len, self.head_dim, dtype, device)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +59,7 @@ class DecoderStack:
         cos, sin = self._rope(h, positions)
         length = max(starts) + t
         mask = None
-        if b > 1 or starts[0] > 0 and t > 1:
+        if b > 1 or (starts[0] > 0 and t > 1):
             keys = torch.arange(length, device=device).view(1, 1, 1, length)
             mask = keys <= positions.view(b, 1, t, 1)  # [B, 1, T, K]
         kept: dict[int, torch.Tensor] = {}
@@ -67,7 +69,9 @@ class DecoderStack:
         for i, layer in enumerate(self.layers):
             residual = h
             x = layer.input_layernorm(h)
-            h = residual + self._attention(layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask)
+            h = residual + self._attention(
+                layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask
+            )
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i + 1 in keep:
                 kept[i + 1] = h

@@ -43,6 +43,8 @@ def build_runners(profile: Profile, path: Path, only: tuple[StageName, ...]) -> 
             tts = model.thinker.get_input_embeddings()(special.to(model.thinker.device)).detach()
             runners[name] = TalkerRunner(model.talker.to(device, dtype), tts, spec, cfg, device)
         else:
-            runners[name] = Code2WavRunner(model.code2wav.to(device, dtype), cfg, stages.code2wav.chunk, device)
+            runners[name] = Code2WavRunner(
+                model.code2wav.to(device, dtype), cfg, stages.code2wav.chunk, device
+            )
     log.info("runners ready: %s", ", ".join(only))
     return runners

@@ -40,7 +40,9 @@ class SlotKVCache:
         self.lengths[slot] = 0
         self._free.append(slot)
 
-    def write(self, layer: int, slots: list[int], starts: list[int], k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(
+        self, layer: int, slots: list[int], starts: list[int], k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """k, v: [B, kv_heads, T, head_dim] for rows at positions starts[b] .. starts[b] + T."""
         t = k.shape[2]
         for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):

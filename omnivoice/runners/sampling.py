@@ -42,7 +42,9 @@ class RequestSampler:
         if p.repetition_penalty != 1.0 and self.history:
             ids = torch.tensor(sorted(set(self.history)), device=scores.device)
             picked = scores[ids]
-            scores[ids] = torch.where(picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty)
+            scores[ids] = torch.where(
+                picked < 0, picked * p.repetition_penalty, picked / p.repetition_penalty
+            )
         if self.generated < p.min_tokens and self.end_ids:
             scores[self.end_ids] = float("-inf")
         if self.suppress is not None:
@@ -52,10 +54,7 @@ class RequestSampler:
     def sample(self, logits: torch.Tensor) -> int:
         scores = self.process(logits)
         p = self.params
-        if p.temperature <= 0:
-            token = int(torch.argmax(scores))
-        else:
-            token = self._draw(scores / p.temperature)
+        token = int(torch.argmax(scores)) if p.temperature <= 0 else self._draw(scores / p.temperature)
         self.history.append(token)
         self.generated += 1
         return token

@@ -50,8 +50,9 @@ class _Seq:
 class TalkerRunner:
     name = "talker"
 
-    def __init__(self, talker: Any, tts_embeds: torch.Tensor, spec: ModelSpec, cfg: StageConfig,
-                 device: torch.device) -> None:
+    def __init__(
+        self, talker: Any, tts_embeds: torch.Tensor, spec: ModelSpec, cfg: StageConfig, device: torch.device
+    ) -> None:
         self.model = talker
         self.spec = spec
         self.cfg = cfg
@@ -138,16 +139,26 @@ class TalkerRunner:
         assistant = self.model.text_projection(torch.stack([*seq.role_embeds, seq.text[0]]))  # [4, Ht]
         text_part = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
         voice = spec.speaker_ids[req.voice]
-        codec_ids = [spec.codec_nothink_id, spec.codec_think_bos_id, spec.codec_think_eos_id, voice,
-                     spec.codec_pad_id, spec.codec_bos_id]
-        codec_part = torch.cat([
-            torch.zeros(3, text_part.shape[-1], device=self.device, dtype=self.dtype),
-            self.codec_embed(torch.tensor(codec_ids, device=self.device)),
-        ])
+        codec_ids = [
+            spec.codec_nothink_id,
+            spec.codec_think_bos_id,
+            spec.codec_think_eos_id,
+            voice,
+            spec.codec_pad_id,
+            spec.codec_bos_id,
+        ]
+        codec_part = torch.cat(
+            [
+                torch.zeros(3, text_part.shape[-1], device=self.device, dtype=self.dtype),
+                self.codec_embed(torch.tensor(codec_ids, device=self.device)),
+            ]
+        )
         inputs = torch.cat([seq.user_part, text_part + codec_part])[None]  # [1, P, Ht]
         if inputs.shape[1] + req.talker.max_tokens > self.cfg.max_seq_len:
-            raise ValueError(f"talker context {inputs.shape[1]} + {req.talker.max_tokens} frames exceeds "
-                             f"{self.cfg.max_seq_len}")
+            raise ValueError(
+                f"talker context {inputs.shape[1]} + {req.talker.max_tokens} frames exceeds "
+                f"{self.cfg.max_seq_len}"
+            )
         seq.slot = self.cache.alloc()
         seq.sampler = RequestSampler(req.talker, [spec.codec_eos_id], suppress=self.suppress)
         h, _ = self.stack.forward(inputs, self.cache, [seq.slot], [0])
@@ -211,4 +222,5 @@ def _user_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 def _multimodal_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    return (ids == spec.audio_pad_id) | (ids == spec.image_pad_id) | (ids == spec.video_pad_id)
+    # prompts carry audio only (images and video are not accepted), so audio placeholders are all
+    return ids == spec.audio_pad_id

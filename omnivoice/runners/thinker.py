@@ -113,7 +113,9 @@ class ThinkerRunner:
         )
         return self._emit([seq], logits, first_chunk={req.request_id: first})
 
-    def _merge_audio(self, ids: torch.Tensor, embeds: torch.Tensor, feats: tuple[np.ndarray, ...]) -> torch.Tensor:
+    def _merge_audio(
+        self, ids: torch.Tensor, embeds: torch.Tensor, feats: tuple[np.ndarray, ...]
+    ) -> torch.Tensor:
         lengths = [f.shape[1] for f in feats]
         batch = torch.zeros(len(feats), feats[0].shape[0], max(lengths), dtype=embeds.dtype)
         mask = torch.zeros(len(feats), max(lengths), dtype=torch.long)
@@ -124,7 +126,9 @@ class ThinkerRunner:
         audio = out.last_hidden_state.to(embeds.dtype)
         where = (ids == self.spec.audio_pad_id).unsqueeze(-1).expand_as(embeds)
         if int(where[..., 0].sum()) != audio.shape[0]:
-            raise ValueError(f"{int(where[..., 0].sum())} audio placeholders but {audio.shape[0]} audio features")
+            raise ValueError(
+                f"{int(where[..., 0].sum())} audio placeholders but {audio.shape[0]} audio features"
+            )
         return embeds.masked_scatter(where, audio)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
@@ -164,8 +168,14 @@ class ThinkerRunner:
         embeds = None if final else _np(self.embed(torch.tensor([token], device=self.device)))
         if first is not None:
             return ThinkerChunk(
-                first.request_id, ids, embeds, final, first.prompt_ids, first.prompt_embeds,
-                first.prompt_hidden, first.request,
+                first.request_id,
+                ids,
+                embeds,
+                final,
+                first.prompt_ids,
+                first.prompt_embeds,
+                first.prompt_hidden,
+                first.request,
             )
         return ThinkerChunk(seq.request.request_id, ids, embeds, final)
 

@@ -1,0 +1,151 @@
+"""Deploy profiles: placement and tuning of the stages, plus server settings.
+
+A profile is YAML validated once into frozen pydantic models. Unknown keys and ill-typed values
+fail with a message naming the key, so a typo never silently falls back to a default.
+The pipeline topology (thinker -> talker -> code2wav) lives in code, not here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingDefaults(_Strict):
+    """Per-stage sampling defaults; a request may override temperature/top_p/max tokens."""
+
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    max_tokens: int = Field(256, ge=1)
+
+
+class ChunkConfig(_Strict):
+    """How the talker's codec frames are cut into vocoder chunks (async chunk)."""
+
+    first_frames: int = Field(4, ge=1, description="frames in the first chunk (small: fast first audio)")
+    frames: int = Field(25, ge=1, description="frames in every later chunk")
+    left_context: int = Field(25, ge=0, description="frames of left context decoded and discarded")
+
+
+class StageConfig(_Strict):
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_batch: int = Field(8, ge=1)
+    execution: Literal["eager", "graphed"] = "eager"
+    worker: Literal["thread", "process"] = "thread"
+    replicas: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, description="torch intra-op threads in this stage's worker")
+    max_seq_len: int = Field(4096, ge=64, description="KV cache length per request")
+    sampling: SamplingDefaults = SamplingDefaults()
+
+
+class ThinkerStage(StageConfig):
+    sampling: SamplingDefaults = SamplingDefaults(temperature=0.0, max_tokens=256)
+
+
+class TalkerStage(StageConfig):
+    sampling: SamplingDefaults = SamplingDefaults(
+        temperature=0.0, top_k=50, repetition_penalty=1.05, max_tokens=2048
+    )
+
+
+class Code2WavStage(StageConfig):
+    chunk: ChunkConfig = ChunkConfig()
+
+
+class StagesConfig(_Strict):
+    thinker: ThinkerStage = ThinkerStage()
+    talker: TalkerStage = TalkerStage()
+    code2wav: Code2WavStage = Code2WavStage()
+
+    def stage(self, name: str) -> StageConfig:
+        """The settings of stage `name` (thinker, talker or code2wav)."""
+        stages: dict[str, StageConfig] = {
+            "thinker": self.thinker,
+            "talker": self.talker,
+            "code2wav": self.code2wav,
+        }
+        if name not in stages:
+            raise KeyError(f"no stage named {name!r}")
+        return stages[name]
+
+
+class ModelConfig(_Strict):
+    path: str | None = Field(
+        None, description="local Hugging Face checkpoint folder; null builds the tiny embedded default"
+    )
+    cache_dir: str | None = Field(None, description="where the embedded default is built (default ~/.cache)")
+    served_name: str = "omnivoice"
+    default_voice: str = "ethan"
+    system_prompt: str | None = None
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_concurrent_requests: int = Field(64, ge=1)
+    max_body_bytes: int = Field(25 * 1024 * 1024, ge=1024)
+    max_audio_seconds: float = Field(120.0, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class Profile(_Strict):
+    model: ModelConfig = ModelConfig()
+    server: ServerConfig = ServerConfig()
+    stages: StagesConfig = StagesConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Profile:
+        c = self.stages.code2wav.chunk
+        if c.first_frames > c.frames:
+            raise ValueError("stages.code2wav.chunk.first_frames must be <= frames")
+        return self
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the offending key."""
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid profile {source}:"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_profile(data: object, source: str = "<dict>") -> Profile:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"invalid profile {source}: top level must be a mapping")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(_format_errors(err, source)) from None
+
+
+def load_profile(path: str | Path | None) -> Profile:
+    """Load and validate a YAML profile; `None` gives the built-in CPU default."""
+    if path is None:
+        return Profile()
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ProfileError(f"cannot read profile {p}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"profile {p} is not valid YAML: {e}") from None
+    return parse_profile(data, str(p))

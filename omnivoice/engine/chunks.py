@@ -1,0 +1,96 @@
+"""Typed messages that travel between the engine and its stage workers.
+
+Arrays are numpy (or torch on the same device when the stages share a process); they cross process
+boundaries through a connector's shared memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from omnivoice.engine.types import GenerationRequest
+
+StageName = Literal["thinker", "talker", "code2wav"]
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """Engine -> thinker: start a request."""
+
+    request: GenerationRequest
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Engine -> every stage: drop the request and free what it holds."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Engine -> stage: finish the loop."""
+
+
+@dataclass(frozen=True)
+class ThinkerChunk:
+    """Thinker -> talker: what the talker consumes, streamed as the thinker generates.
+
+    The first chunk of a request carries the prompt (ids, layer-0 embeddings and the hidden state of
+    the talker's accept layer) and the request's talker settings. Every chunk carries the newly
+    generated tokens and their layer-0 embeddings. `finished` marks the last chunk; the final
+    generated token is never forwarded (transformers' generate() never feeds it through the thinker).
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    token_embeds: Any  # [n, H_thinker]
+    finished: bool
+    prompt_ids: tuple[int, ...] | None = None
+    prompt_embeds: Any = None  # [T, H_thinker]
+    prompt_hidden: Any = None  # [T, H_thinker]
+    request: GenerationRequest | None = None
+
+
+@dataclass(frozen=True)
+class CodecChunk:
+    """Talker -> code2wav: new codec frames of a request, `finished` on the last one."""
+
+    request_id: str
+    frames: Any  # int64 [num_code_groups, n]
+    finished: bool
+    first: bool = False
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """Thinker -> engine: newly sampled text tokens."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PcmOutput:
+    """Code2wav -> engine: a gap-free piece of the response audio (float32 mono)."""
+
+    request_id: str
+    index: int
+    pcm: Any  # np.ndarray [samples]
+
+
+@dataclass(frozen=True)
+class StageFinished:
+    """Stage -> engine: the stage is done with a request (reason stop | length | abort | error)."""
+
+    request_id: str
+    stage: StageName
+    reason: str
+    count: int = 0  # tokens (thinker), frames (talker, code2wav)
+    prompt_tokens: int = 0
+    error: str | None = None
+
+
+StageInput = NewRequest | ThinkerChunk | CodecChunk | Abort | Shutdown
+EngineMessage = TokenOutput | PcmOutput | StageFinished

@@ -1,0 +1,7 @@
+"""Connectors carry stage messages between workers: in-process queues or shared memory."""
+
+from omnivoice.engine.connectors.base import Connector
+from omnivoice.engine.connectors.local import LocalConnector
+from omnivoice.engine.connectors.shm import ShmConnector
+
+__all__ = ["Connector", "LocalConnector", "ShmConnector"]

@@ -1,0 +1,85 @@
+"""Cross-process connector: pickled control data on a multiprocessing queue, array payloads in
+shared memory.
+
+Messages are pickled with protocol 5 so numpy arrays become out-of-band buffers. Payloads above
+`inline_limit` bytes are copied into one fresh shared-memory segment per message; the reader copies
+them out and unlinks the segment at once, so a segment lives only while its message is in flight.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import queue
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+
+class ShmConnector:
+    def __init__(self, ctx: Any | None = None, inline_limit: int = 64 * 1024) -> None:
+        ctx = ctx or mp.get_context("spawn")
+        self._q = ctx.Queue()
+        self._inline_limit = inline_limit
+
+    def put(self, msg: Any) -> None:
+        buffers: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+        raws = [b.raw() for b in buffers]
+        sizes = [r.nbytes for r in raws]
+        total = sum(sizes)
+        if total <= self._inline_limit:
+            self._q.put((data, None, [bytes(r) for r in raws]))
+            return
+        shm = SharedMemory(create=True, size=total)
+        # the reader unlinks it; stop this process's tracker from unlinking it again at exit
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        offset = 0
+        for r in raws:
+            shm.buf[offset : offset + r.nbytes] = r
+            offset += r.nbytes
+        name = shm.name
+        shm.close()
+        self._q.put((data, name, sizes))
+
+    def _decode(self, item: tuple[bytes, str | None, list[Any]]) -> Any:
+        data, name, payload = item
+        if name is None:
+            # bytearray: arrays that come out of the pickle stay writable
+            return pickle.loads(data, buffers=[bytearray(b) for b in payload])
+        shm = SharedMemory(name=name)
+        try:
+            blob = bytearray(shm.buf[: sum(payload)])
+        finally:
+            shm.close()
+            shm.unlink()  # also unregisters it from this process's tracker
+        views, offset = [], 0
+        mv = memoryview(blob)
+        for size in payload:
+            views.append(mv[offset : offset + size])
+            offset += size
+        return pickle.loads(data, buffers=views)
+
+    def get(self, timeout: float | None) -> Any | None:
+        try:
+            item = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return self._decode(item)
+
+    def drain(self) -> list[Any]:
+        out = []
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                return out
+            out.append(self._decode(item))
+
+    def close(self) -> None:
+        # drop whatever is still in flight so its segments are unlinked; the queue's feeder thread
+        # may still be flushing, so wait briefly for items rather than stopping at the first miss
+        while self.get(timeout=0.05) is not None:
+            pass
+        self._q.close()
+        self._q.cancel_join_thread()

@@ -1,0 +1,249 @@
+"""Engine: the asyncio face of the staged pipeline.
+
+    generate(request) -> async iterator of TextDelta | AudioChunk | Finished;  abort(id)
+
+Stage workers run in threads or processes; one dispatcher thread reads what they send back and
+hands it to the request's asyncio queue. Leaving the iterator early aborts the request everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omnivoice.config import Profile
+from omnivoice.engine.chunks import Abort, NewRequest, PcmOutput, StageFinished, TokenOutput
+from omnivoice.engine.detokenizer import IncrementalDetokenizer
+from omnivoice.engine.pipeline import STAGES, Pipeline
+from omnivoice.engine.stage import StageCrashed
+from omnivoice.engine.types import (
+    AudioChunk,
+    ChatMessage,
+    EngineOutput,
+    EngineStats,
+    Finished,
+    GenerationRequest,
+    Prompt,
+    StageStats,
+    TextDelta,
+    Usage,
+)
+from omnivoice.models.loader import ModelSpec, load_processor_parts
+from omnivoice.models.prompt import PromptBuilder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    served_name: str
+    sample_rate: int
+    voices: tuple[str, ...]
+    default_voice: str
+    max_prompt_tokens: int
+
+
+class _RequestState:
+    def __init__(
+        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, detok: IncrementalDetokenizer
+    ):
+        self.request = request
+        self.loop = loop
+        self.queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.detok = detok
+        self.thinker: StageFinished | None = None
+        self.audio: StageFinished | None = None
+        self.audio_index = 0
+        self.done = False
+
+    def emit(self, out: EngineOutput) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
+
+
+class Engine:
+    def __init__(
+        self, profile: Profile, spec: ModelSpec, builder: PromptBuilder, tokenizer, pipeline: Pipeline
+    ):
+        self.profile = profile
+        self.spec = spec
+        self._builder = builder
+        self._tokenizer = tokenizer
+        self._pipeline = pipeline
+        self._requests: dict[str, _RequestState] = {}
+        self._lock = threading.Lock()
+        self._stage_stats: dict[str, StageStats] = {s: StageStats(s, 0, 0, 0, 0) for s in STAGES}
+        self._closed = False
+        voices = tuple(sorted(spec.speaker_ids))
+        default_voice = profile.model.default_voice if profile.model.default_voice in voices else voices[0]
+        self.info = ModelInfo(
+            served_name=profile.model.served_name,
+            sample_rate=spec.output_sample_rate,
+            voices=voices,
+            default_voice=default_voice,
+            max_prompt_tokens=profile.stages.thinker.max_seq_len - 1,
+        )
+        self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
+        self._dispatcher.start()
+
+    @classmethod
+    async def start(cls, profile: Profile) -> Engine:
+        return await asyncio.to_thread(cls.start_sync, profile)
+
+    @classmethod
+    def start_sync(cls, profile: Profile) -> Engine:
+        path = resolve_model_path(profile)
+        tokenizer, feature_extractor = load_processor_parts(path)
+        spec = ModelSpec.from_pretrained(path)
+        builder = PromptBuilder(
+            tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
+        )
+        log.info("starting stages for %s", path)
+        pipeline = Pipeline.start(profile, path)
+        log.info("all stages ready")
+        return cls(profile, spec, builder, tokenizer, pipeline)
+
+    def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
+        return self._builder.build(messages, self.profile.model.system_prompt)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        rid = request.request_id
+        state = _RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
+        with self._lock:
+            if rid in self._requests:
+                raise ValueError(f"duplicate request id {rid}")
+            self._requests[rid] = state
+        self._pipeline.send("thinker", NewRequest(request))
+        try:
+            while True:
+                out = await state.queue.get()
+                yield out
+                if isinstance(out, Finished):
+                    return
+        finally:
+            if not state.done:
+                log.info("request %s left early; aborting it in every stage", rid)
+                self._abort(rid)
+
+    async def abort(self, request_id: str) -> None:
+        self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            state = self._requests.pop(request_id, None)
+        if state is None:
+            return
+        self._pipeline.broadcast(Abort(request_id))
+        if not state.done:
+            state.done = True
+            state.emit(Finished(request_id, "abort", self._usage(state)))
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            active = len(self._requests)
+        return EngineStats(stages=tuple(self._stage_stats[s] for s in STAGES), active_requests=active)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for rid in list(self._requests):
+            self._abort(rid)
+        await asyncio.to_thread(self._pipeline.stop)
+
+    # ---- dispatcher thread -------------------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        inbox = self._pipeline.engine_inbox
+        while not self._closed:
+            try:
+                msg = inbox.get(timeout=0.2)
+            except (OSError, ValueError, EOFError):  # connector closed at shutdown
+                return
+            if msg is None:
+                continue
+            try:
+                self._dispatch(msg)
+            except Exception:
+                log.exception("engine dispatcher failed on %s", type(msg).__name__)
+
+    def _dispatch(self, msg: object) -> None:
+        if isinstance(msg, StageStats):
+            self._stage_stats[msg.name] = msg
+            return
+        if isinstance(msg, StageCrashed):
+            log.error("%s stage crashed: %s; failing its requests", msg.stage, msg.error)
+            for rid in list(self._requests):
+                self._fail(rid, f"{msg.stage} stage crashed")
+            return
+        rid = getattr(msg, "request_id", None)
+        with self._lock:
+            state = self._requests.get(rid) if rid is not None else None
+        if state is None or state.done:
+            return  # late output of an aborted or finished request
+        if isinstance(msg, TokenOutput):
+            text = state.detok.add(msg.token_ids)
+            state.emit(TextDelta(rid, msg.token_ids, text))
+        elif isinstance(msg, PcmOutput):
+            state.emit(AudioChunk(rid, state.audio_index, msg.pcm, self.spec.output_sample_rate))
+            state.audio_index += 1
+        elif isinstance(msg, StageFinished):
+            self._on_stage_finished(state, msg)
+
+    def _on_stage_finished(self, state: _RequestState, msg: StageFinished) -> None:
+        if msg.reason == "error":
+            self._fail(msg.request_id, msg.error or f"{msg.stage} failed")
+            return
+        if msg.stage == "thinker":
+            state.thinker = msg
+            tail = state.detok.flush()
+            if tail:
+                state.emit(TextDelta(msg.request_id, (), tail))
+        elif msg.stage == "code2wav":
+            state.audio = msg
+        if state.thinker is not None and (state.audio is not None or not state.request.want_audio):
+            self._complete(state, state.thinker.reason)
+
+    def _complete(self, state: _RequestState, reason: str) -> None:
+        rid = state.request.request_id
+        with self._lock:
+            self._requests.pop(rid, None)
+        state.done = True
+        state.emit(Finished(rid, reason, self._usage(state)))  # type: ignore[arg-type]
+
+    def _fail(self, rid: str, error: str) -> None:
+        with self._lock:
+            state = self._requests.pop(rid, None)
+        if state is None or state.done:
+            return
+        self._pipeline.broadcast(Abort(rid))
+        state.done = True
+        state.emit(Finished(rid, "error", self._usage(state), error=error))
+
+    @staticmethod
+    def _usage(state: _RequestState) -> Usage:
+        t = state.thinker
+        return Usage(
+            prompt_tokens=t.prompt_tokens if t else len(state.request.prompt.input_ids),
+            completion_tokens=t.count if t else state.detok.count,
+            audio_frames=state.audio.count if state.audio else 0,
+        )
+
+
+def resolve_model_path(profile: Profile) -> Path:
+    """The checkpoint to serve: the profile's path, or the embedded tiny default (built on first use)."""
+    if profile.model.path is not None:
+        path = Path(profile.model.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path {path} is not a Hugging Face checkpoint folder (no config.json)"
+            )
+        return path
+    from omnivoice.models.tiny import ensure_tiny_checkpoint
+
+    cache = Path(profile.model.cache_dir).expanduser() if profile.model.cache_dir else None
+    return ensure_tiny_checkpoint(cache)

@@ -1,0 +1,131 @@
+"""The fixed topology thinker -> talker -> code2wav, and how its workers are started.
+
+Placement comes from the profile: each stage runs in a thread of this process or in a process of
+its own. When any stage is a process every connector is a shared-memory one.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnivoice.config import Profile
+from omnivoice.engine.chunks import Shutdown, StageName
+from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
+from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
+
+log = logging.getLogger(__name__)
+
+STAGES: tuple[StageName, ...] = ("thinker", "talker", "code2wav")
+
+
+class PipelineStartError(RuntimeError):
+    pass
+
+
+def _stage_process_main(
+    name: StageName, profile: Profile, model_path: str, inbox: Any, downstream: Any, engine: Any, parent: int
+) -> None:
+    from omnivoice.runners.factory import build_runners
+
+    logging.basicConfig(
+        level=profile.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        runner = build_runners(profile, Path(model_path), only=(name,))[name]
+    except Exception as e:  # report, so the engine fails fast instead of waiting
+        log.exception("%s stage failed to start", name)
+        engine.put(StageCrashed(name, repr(e)))
+        return
+    StageWorker(runner, inbox, downstream, engine, parent_pid=parent).run()
+
+
+@dataclass
+class Pipeline:
+    inboxes: dict[StageName, Connector]
+    engine_inbox: Connector
+    threads: list[threading.Thread] = field(default_factory=list)
+    processes: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, profile: Profile, model_path: Path, timeout: float = 600.0) -> Pipeline:
+        use_processes = any(profile.stages.stage(s).worker == "process" for s in STAGES)
+        ctx = mp.get_context("spawn")
+
+        def make() -> Connector:
+            return ShmConnector(ctx) if use_processes else LocalConnector()
+
+        inboxes: dict[StageName, Connector] = {s: make() for s in STAGES}
+        pipe = cls(inboxes=inboxes, engine_inbox=make())
+        downstream: dict[StageName, Connector | None] = {
+            "thinker": inboxes["talker"],
+            "talker": inboxes["code2wav"],
+            "code2wav": None,
+        }
+        in_thread = [s for s in STAGES if profile.stages.stage(s).worker == "thread"]
+        if in_thread:
+            from omnivoice.runners.factory import build_runners
+
+            runners = build_runners(profile, model_path, only=tuple(in_thread))
+            for s in in_thread:
+                worker = StageWorker(runners[s], inboxes[s], downstream[s], pipe.engine_inbox)
+                t = threading.Thread(target=worker.run, name=f"stage-{s}", daemon=True)
+                t.start()
+                pipe.threads.append(t)
+        for s in STAGES:
+            if s in in_thread:
+                continue
+            p = ctx.Process(
+                target=_stage_process_main,
+                args=(s, profile, str(model_path), inboxes[s], downstream[s], pipe.engine_inbox, os.getpid()),
+                name=f"omnivoice-{s}",
+                daemon=True,
+            )
+            p.start()
+            pipe.processes.append(p)
+        pipe._wait_ready(timeout)
+        return pipe
+
+    def _wait_ready(self, timeout: float) -> None:
+        pending = set(STAGES)
+        deadline = time.monotonic() + timeout
+        while pending:
+            msg = self.engine_inbox.get(timeout=0.5)
+            if isinstance(msg, StageReady):
+                pending.discard(msg.stage)
+            elif isinstance(msg, StageCrashed):
+                self.stop()
+                raise PipelineStartError(f"{msg.stage} stage failed to start: {msg.error}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise PipelineStartError(f"stages not ready after {timeout:.0f} s: {sorted(pending)}")
+            for p in self.processes:
+                if not p.is_alive() and p.exitcode is not None:
+                    self.stop()
+                    raise PipelineStartError(f"{p.name} exited with code {p.exitcode} while starting")
+
+    def send(self, stage: StageName, msg: Any) -> None:
+        self.inboxes[stage].put(msg)
+
+    def broadcast(self, msg: Any) -> None:
+        for s in STAGES:
+            self.inboxes[s].put(msg)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.broadcast(Shutdown())
+        for t in self.threads:
+            t.join(timeout)
+        for p in self.processes:
+            p.join(timeout)
+            if p.is_alive():
+                log.warning("%s did not stop in %.0f s; killing it", p.name, timeout)
+                p.kill()
+                p.join()
+        for c in [*self.inboxes.values(), self.engine_inbox]:
+            c.close()

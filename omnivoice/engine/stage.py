@@ -1,0 +1,151 @@
+"""StageWorker: the loop every stage runs, in a thread or in its own process.
+
+    loop { take new inputs; runner.step(batch); route outputs }
+
+The runner decides what runs in a step (its own continuous batching); the worker owns messaging and
+failure handling: a runner error fails the requests it was working on, never the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from omnivoice.engine.chunks import (
+    Abort,
+    CodecChunk,
+    NewRequest,
+    PcmOutput,
+    Shutdown,
+    StageFinished,
+    StageName,
+    ThinkerChunk,
+    TokenOutput,
+)
+from omnivoice.engine.connectors import Connector
+from omnivoice.engine.types import StageStats
+
+log = logging.getLogger(__name__)
+
+STATS_INTERVAL_S = 0.1
+
+
+class StageRunner(Protocol):
+    name: StageName
+
+    def accept(self, msg: Any) -> list[Any]:
+        """Take a NewRequest / ThinkerChunk / CodecChunk; may return outputs at once."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def has_work(self) -> bool:
+        """True when a step can make progress now (not merely when requests are held)."""
+        ...
+
+    def step(self) -> list[Any]: ...
+
+    def active_ids(self) -> list[str]: ...
+
+    def stats(self) -> StageStats: ...
+
+
+@dataclass(frozen=True)
+class StageReady:
+    stage: StageName
+
+
+@dataclass(frozen=True)
+class StageCrashed:
+    stage: StageName
+    error: str
+
+
+class StageWorker:
+    def __init__(
+        self,
+        runner: StageRunner,
+        inbox: Connector,
+        downstream: Connector | None,
+        engine: Connector,
+        parent_pid: int | None = None,
+    ) -> None:
+        self.runner = runner
+        self.parent_pid = parent_pid  # a stage process exits when the server that started it is gone
+        self.inbox = inbox
+        self.downstream = downstream
+        self.engine = engine
+        self._last_stats = 0.0
+
+    def run(self) -> None:
+        name = self.runner.name
+        self.engine.put(StageReady(name))
+        log.info("%s stage ready", name)
+        while True:
+            if self.runner.has_work():
+                msgs = self.inbox.drain()
+            else:
+                first = self.inbox.get(timeout=0.5)
+                msgs = [] if first is None else [first, *self.inbox.drain()]
+                if first is None and self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    log.warning("%s stage: parent process %d is gone; exiting", name, self.parent_pid)
+                    return
+            for msg in msgs:
+                if isinstance(msg, Shutdown):
+                    log.info("%s stage stopping", name)
+                    return
+                self._handle(msg)
+            if self.runner.has_work():
+                self._step()
+            self._publish_stats()
+
+    def _handle(self, msg: Any) -> None:
+        if isinstance(msg, Abort):
+            self.runner.abort(msg.request_id)
+            return
+        rid = _request_id(msg)
+        try:
+            self._route(self.runner.accept(msg))
+        except Exception as e:
+            log.exception("%s stage rejected request %s", self.runner.name, rid)
+            self._fail([rid], e)
+
+    def _step(self) -> None:
+        try:
+            outs = self.runner.step()
+        except Exception as e:
+            ids = self.runner.active_ids()
+            log.exception("%s stage step failed; failing requests %s", self.runner.name, ids)
+            self._fail(ids, e)
+            return
+        self._route(outs)
+
+    def _fail(self, ids: list[str], err: Exception) -> None:
+        for rid in ids:
+            self.runner.abort(rid)
+            self.engine.put(StageFinished(rid, self.runner.name, "error", error=f"{self.runner.name}: {err}"))
+
+    def _route(self, outs: list[Any]) -> None:
+        for out in outs:
+            if isinstance(out, ThinkerChunk | CodecChunk):
+                if self.downstream is not None:
+                    self.downstream.put(out)
+            elif isinstance(out, TokenOutput | PcmOutput | StageFinished):
+                self.engine.put(out)
+            else:
+                raise TypeError(f"{self.runner.name} produced an unroutable {type(out).__name__}")
+
+    def _publish_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self.engine.put(self.runner.stats())
+
+
+def _request_id(msg: Any) -> str:
+    if isinstance(msg, NewRequest):
+        return msg.request.request_id
+    return str(getattr(msg, "request_id", "?"))

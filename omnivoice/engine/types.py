@@ -1,0 +1,111 @@
+"""Typed messages at the engine's public boundary: what a caller submits and what it gets back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class AudioPart:
+    """Mono float32 PCM in [-1, 1] at `sample_rate`; the prompt builder resamples to the model's rate."""
+
+    pcm: np.ndarray
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    parts: tuple[TextPart | AudioPart, ...]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling for one stage of one request. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 256
+    min_tokens: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt: thinker token ids and one log-mel feature matrix per audio placeholder run."""
+
+    input_ids: tuple[int, ...]
+    # each [n_mels, frames] float32, in the order the audio placeholder runs appear in input_ids
+    audio_features: tuple[np.ndarray, ...] = ()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt: Prompt
+    want_audio: bool = True
+    voice: str = "ethan"
+    thinker: Sampling = Sampling()
+    talker: Sampling = Sampling(max_tokens=2048)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """A piece of the response's audio: float32 mono PCM at `sample_rate`, gap-free with its neighbours."""
+
+    request_id: str
+    index: int
+    pcm: np.ndarray
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    audio_frames: int = 0
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Last output of a request. finish_reason: stop | length | abort | error."""
+
+    request_id: str
+    finish_reason: Literal["stop", "length", "abort", "error"]
+    usage: Usage = field(default_factory=Usage)
+    error: str | None = None
+
+
+EngineOutput = TextDelta | AudioChunk | Finished
+
+
+@dataclass(frozen=True)
+class StageStats:
+    name: str
+    queued: int
+    running: int
+    last_batch_size: int
+    steps: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    stages: tuple[StageStats, ...]
+    active_requests: int

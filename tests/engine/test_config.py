@@ -1,0 +1,37 @@
+import pytest
+
+from omnivoice.config import Profile, ProfileError, load_profile, parse_profile
+
+
+def test_defaults_are_the_cpu_profile() -> None:
+    p = Profile()
+    assert p.model.path is None
+    assert p.stages.code2wav.chunk.first_frames == 4
+    assert p.stages.code2wav.chunk.frames == 25
+    assert p.stages.code2wav.chunk.left_context == 25
+    assert p.stages.stage("talker") is p.stages.talker
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ProfileError, match=r"stages\.talker\.max_btach: unknown key"):
+        parse_profile({"stages": {"talker": {"max_btach": 4}}})
+
+
+def test_ill_typed_value_is_named() -> None:
+    with pytest.raises(ProfileError, match=r"server\.port"):
+        parse_profile({"server": {"port": "eighty"}})
+
+
+def test_chunk_sizes_are_checked() -> None:
+    with pytest.raises(ProfileError, match="first_frames"):
+        parse_profile({"stages": {"code2wav": {"chunk": {"first_frames": 30, "frames": 25}}}})
+
+
+def test_load_profile_reports_bad_yaml_and_missing_files(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stages: [unclosed")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profile(bad)
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "missing.yaml")
+    assert load_profile(None) == Profile()

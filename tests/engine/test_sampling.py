@@ -1,0 +1,58 @@
+import torch
+from transformers.generation.logits_process import (
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+
+from omnivoice.engine.types import Sampling
+from omnivoice.runners.sampling import RequestSampler
+
+
+def test_processing_matches_transformers_processors() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(50)
+    history = [3, 7, 7, 11]
+    sampler = RequestSampler(
+        Sampling(repetition_penalty=1.3, min_tokens=2),
+        end_ids=[5],
+        suppress=torch.tensor([40, 41]),
+        history=history,
+    )
+    ours = sampler.process(logits)
+    ids = torch.tensor([history])
+    ref = RepetitionPenaltyLogitsProcessor(1.3)(ids, logits[None].clone())
+    ref = MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=4, min_new_tokens=2, eos_token_id=5)(
+        ids, ref
+    )
+    ref = SuppressTokensLogitsProcessor([40, 41])(ids, ref)
+    torch.testing.assert_close(ours, ref[0], rtol=0, atol=0)
+
+
+def test_greedy_takes_first_maximum_and_tracks_history() -> None:
+    s = RequestSampler(Sampling(), end_ids=[2])
+    assert s.sample(torch.tensor([0.0, 3.0, 3.0, 1.0])) == 1
+    assert s.history == [1] and s.generated == 1
+    assert s.is_end(2) and not s.is_end(1)
+
+
+def test_min_tokens_blocks_end_until_reached() -> None:
+    s = RequestSampler(Sampling(min_tokens=1), end_ids=[0])
+    assert s.sample(torch.tensor([5.0, 1.0])) == 1
+    assert s.sample(torch.tensor([5.0, 1.0])) == 0
+
+
+def test_seeded_sampling_is_reproducible_and_respects_top_k() -> None:
+    logits = torch.linspace(0, 4, 20)
+    draws = []
+    for _ in range(2):
+        s = RequestSampler(Sampling(temperature=1.0, top_k=3, seed=42), end_ids=[])
+        draws.append([s.sample(logits) for _ in range(30)])
+    assert draws[0] == draws[1]
+    assert set(draws[0]) <= {17, 18, 19}
+
+
+def test_top_p_keeps_only_the_nucleus() -> None:
+    logits = torch.tensor([10.0, 9.0, -5.0, -6.0])
+    s = RequestSampler(Sampling(temperature=1.0, top_p=0.5, seed=1), end_ids=[])
+    assert {s.sample(logits) for _ in range(50)} == {0}
