@@ -40,9 +40,11 @@ class StageConfig(_Strict):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_batch: int = Field(8, ge=1)
-    execution: Literal["eager", "graphed"] = "eager"
+    # CUDA-graphed decode is planned (GPU runtime); only eager execution exists today
+    execution: Literal["eager"] = "eager"
     worker: Literal["thread", "process"] = "thread"
-    replicas: int = Field(1, ge=1)
+    # stage replicas are planned (scale-out); one worker per stage today
+    replicas: int = Field(1, ge=1, le=1)
     threads: int = Field(1, ge=1, description="torch intra-op threads in this stage's worker")
     max_seq_len: int = Field(4096, ge=64, description="KV cache length per request")
     sampling: SamplingDefaults = SamplingDefaults()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ from omnivoice.engine.types import StageStats
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.1
+ABORTED_MEMORY = 4096
 
 
 class StageRunner(Protocol):
@@ -79,6 +81,9 @@ class StageWorker:
         self.downstream = downstream
         self.engine = engine
         self._last_stats = 0.0
+        # Requests aborted here recently: messages already in flight for them (from the upstream
+        # stage, sent before it saw the abort) must not start them again.
+        self._aborted: OrderedDict[str, None] = OrderedDict()
 
     def run(self) -> None:
         name = self.runner.name
@@ -104,9 +109,12 @@ class StageWorker:
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, Abort):
+            self._tombstone(msg.request_id)
             self.runner.abort(msg.request_id)
             return
         rid = _request_id(msg)
+        if rid in self._aborted:
+            return
         try:
             self._route(self.runner.accept(msg))
         except Exception as e:
@@ -123,8 +131,14 @@ class StageWorker:
             return
         self._route(outs)
 
+    def _tombstone(self, rid: str) -> None:
+        self._aborted[rid] = None
+        while len(self._aborted) > ABORTED_MEMORY:
+            self._aborted.popitem(last=False)
+
     def _fail(self, ids: list[str], err: Exception) -> None:
         for rid in ids:
+            self._tombstone(rid)
             self.runner.abort(rid)
             self.engine.put(StageFinished(rid, self.runner.name, "error", error=f"{self.runner.name}: {err}"))
 
