@@ -42,7 +42,8 @@ class StageConfig(_Strict):
     max_batch: int = Field(8, ge=1)
     # CUDA-graphed decode is planned (GPU runtime); only eager execution exists today
     execution: Literal["eager"] = "eager"
-    worker: Literal["thread", "process"] = "thread"
+    # process: true parallelism across cores (the CPU default); thread: one process, one model copy
+    worker: Literal["thread", "process"] = "process"
     # stage replicas are planned (scale-out); one worker per stage today
     replicas: int = Field(1, ge=1, le=1)
     threads: int = Field(1, ge=1, description="torch intra-op threads in this stage's worker")
