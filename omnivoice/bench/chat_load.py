@@ -15,8 +15,9 @@ import json
 import random
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -42,6 +43,7 @@ class LoadConfig:
     seed: int | None = None
     temperature: float | None = None
     timeout_s: float = 600.0
+    extra_body: Mapping[str, Any] = field(default_factory=dict)  # merged into every request body
 
 
 @dataclass
@@ -100,6 +102,7 @@ def build_payload(cfg: LoadConfig, model: str, prompt: str) -> dict:
         payload["seed"] = cfg.seed
     if cfg.temperature is not None:
         payload["temperature"] = cfg.temperature
+    payload.update(cfg.extra_body)
     return payload
 
 

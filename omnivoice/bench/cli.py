@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -36,12 +37,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=None, help="sent as the request seed; also shuffles the prompt order")
     a("--temperature", type=float, default=None, help="sampling temperature (default: the server's)")
     a("--no-usage", action="store_true", help="don't ask for the usage chunk; count text chunks as tokens")
+    a(
+        "--extra-body",
+        type=_json_object,
+        default={},
+        help="JSON object merged into every request body, e.g. fixed lengths on omnivoice: "
+        '\'{"min_tokens": 32, "min_audio_frames": 119, "max_audio_frames": 119}\'',
+    )
     a("--timeout", type=float, default=600.0, help="seconds one request may take")
     a("--output-json", type=Path, default=None, help="write the report as JSON here")
     a("--label", default=None, help="free text stored in the report")
     a("--engine", default=None, help="engine name for the report (default: owned_by of the model)")
     a("--machine", default=None, help="machine description for the report (default: read off this host)")
     a("--quiet", action="store_true", help="no line per completed request on stderr")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def _prompts(args: argparse.Namespace) -> tuple[str, ...]:
@@ -79,6 +97,7 @@ def _config(args: argparse.Namespace) -> LoadConfig:
         seed=args.seed,
         temperature=args.temperature,
         timeout_s=args.timeout,
+        extra_body=args.extra_body,
     )
 
 
