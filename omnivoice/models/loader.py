@@ -1,0 +1,199 @@
+"""Load a Qwen3-Omni checkpoint (Hugging Face layout, local folder) and describe it with a `ModelSpec`.
+
+Works the same for the real Qwen3-Omni-30B-A3B-Instruct folder and the tiny test checkpoint: every
+id and size the engine needs is read from the checkpoint, never hard-coded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    Qwen3OmniMoeConfig,
+    Qwen3OmniMoeForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+# Code2Wav writes 24 kHz audio and the audio encoder reads 16 kHz log-mels; neither rate is recorded in
+# config.json (the input rate is in preprocessor_config.json, which PromptBuilder checks against this).
+OUTPUT_SAMPLE_RATE = 24000
+INPUT_SAMPLE_RATE = 16000
+# transformers' generate() suppresses the top 1024 talker ids (codec control tokens) except codec eos.
+TALKER_SPECIAL_SPAN = 1024
+ENDOFTEXT_TOKEN = "<|endoftext|>"
+
+
+def audio_token_count(num_mel_frames: int, n_window: int) -> int:
+    """Audio placeholder tokens the thinker expects for `num_mel_frames` log-mel frames (unpadded).
+
+    Calls transformers' own `_get_feat_extract_output_lengths`, which the processor and the audio encoder
+    use, so the count always matches the model.
+    """
+    return int(_get_feat_extract_output_lengths(num_mel_frames, n_window))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The ids and sizes of one Qwen3-Omni checkpoint that the engine needs, read from its config."""
+
+    # chat format (thinker text vocab)
+    im_start_id: int
+    im_end_id: int
+    system_id: int
+    user_id: int
+    assistant_id: int
+    audio_start_id: int
+    audio_end_id: int
+    audio_pad_id: int
+    tts_bos_id: int
+    tts_eos_id: int
+    tts_pad_id: int
+    thinker_eos_ids: tuple[int, ...]  # im_end first, then endoftext when known
+    # talker codec vocab
+    codec_pad_id: int
+    codec_bos_id: int
+    codec_eos_id: int
+    codec_nothink_id: int
+    codec_think_bos_id: int
+    codec_think_eos_id: int
+    speaker_ids: Mapping[str, int] = field(hash=False)
+    # sizes
+    num_code_groups: int
+    accept_hidden_layer: int  # index into the thinker's hidden states: 0 = embeddings, k = after layer k
+    thinker_vocab_size: int
+    thinker_hidden_size: int
+    talker_hidden_size: int
+    talker_vocab_size: int
+    codebook_size: int
+    samples_per_frame: int
+    n_window: int
+    num_mel_bins: int
+    output_sample_rate: int = OUTPUT_SAMPLE_RATE
+    input_sample_rate: int = INPUT_SAMPLE_RATE
+
+    @classmethod
+    def from_config(cls, config: Qwen3OmniMoeConfig, endoftext_id: int | None = None) -> ModelSpec:
+        """Read the spec from a checkpoint config.
+
+        `endoftext_id` (the tokenizer's `<|endoftext|>`, not recorded in config.json) joins `<|im_end|>`
+        as a thinker stop token when given; `from_pretrained` looks it up.
+        """
+        thinker, talker, code2wav = config.thinker_config, config.talker_config, config.code2wav_config
+        return cls(
+            im_start_id=config.im_start_token_id,
+            im_end_id=config.im_end_token_id,
+            system_id=config.system_token_id,
+            user_id=config.user_token_id,
+            assistant_id=config.assistant_token_id,
+            audio_start_id=thinker.audio_start_token_id,
+            audio_end_id=thinker.audio_end_token_id,
+            audio_pad_id=thinker.audio_token_id,
+            tts_bos_id=config.tts_bos_token_id,
+            tts_eos_id=config.tts_eos_token_id,
+            tts_pad_id=config.tts_pad_token_id,
+            thinker_eos_ids=(config.im_end_token_id,) + (() if endoftext_id is None else (endoftext_id,)),
+            codec_pad_id=talker.codec_pad_id,
+            codec_bos_id=talker.codec_bos_id,
+            codec_eos_id=talker.codec_eos_token_id,
+            codec_nothink_id=talker.codec_nothink_id,
+            codec_think_bos_id=talker.codec_think_bos_id,
+            codec_think_eos_id=talker.codec_think_eos_id,
+            speaker_ids=MappingProxyType({k.lower(): v for k, v in talker.speaker_id.items()}),
+            num_code_groups=talker.num_code_groups,
+            accept_hidden_layer=talker.accept_hidden_layer,
+            thinker_vocab_size=thinker.text_config.vocab_size,
+            thinker_hidden_size=thinker.text_config.hidden_size,
+            talker_hidden_size=talker.text_config.hidden_size,
+            talker_vocab_size=talker.text_config.vocab_size,
+            codebook_size=code2wav.codebook_size,
+            samples_per_frame=math.prod(code2wav.upsample_rates) * math.prod(code2wav.upsampling_ratios),
+            n_window=thinker.audio_config.n_window,
+            num_mel_bins=thinker.audio_config.num_mel_bins,
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: Path | str) -> ModelSpec:
+        """Read the spec from a checkpoint folder: config.json plus the tokenizer's `<|endoftext|>` id."""
+        config = Qwen3OmniMoeConfig.from_pretrained(path, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return cls.from_config(config, endoftext_id=_endoftext_id(tokenizer))
+
+    @property
+    def talker_suppressed_ids(self) -> tuple[int, ...]:
+        """Ids the talker never samples: codec control ids except codec eos (as generate() does)."""
+        span = range(self.talker_vocab_size - TALKER_SPECIAL_SPAN, self.talker_vocab_size)
+        return tuple(i for i in span if i != self.codec_eos_id)
+
+    @property
+    def frame_rate(self) -> float:
+        """Codec frames per second of output audio (12.5 for Qwen3-Omni)."""
+        return self.output_sample_rate / self.samples_per_frame
+
+    def speaker_id(self, voice: str) -> int:
+        """The codec id of a voice name (case-insensitive); ValueError names the known voices."""
+        try:
+            return self.speaker_ids[voice.lower()]
+        except KeyError:
+            raise ValueError(f"unknown voice {voice!r}; known: {sorted(self.speaker_ids)}") from None
+
+    def audio_token_count(self, num_mel_frames: int) -> int:
+        """Audio placeholder tokens for `num_mel_frames` unpadded log-mel frames."""
+        return audio_token_count(num_mel_frames, self.n_window)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded checkpoint: the transformers model (eval mode, no grad) and its spec."""
+
+    model: Qwen3OmniMoeForConditionalGeneration
+    spec: ModelSpec
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+
+
+def _checkpoint_dir(path: Path | str) -> Path:
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no Qwen3-Omni checkpoint at {path} (config.json missing)")
+    return path
+
+
+def _endoftext_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    token_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN)
+    return token_id if isinstance(token_id, int) and token_id != tokenizer.unk_token_id else None
+
+
+def load_model(path: Path | str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a Qwen3-Omni checkpoint from a local folder onto `device`, in eval mode with grads off.
+
+    Off the CPU the weights stream straight to the device (`device_map`, which needs `accelerate`),
+    so the 66 GB real checkpoint is never staged in host memory first.
+    """
+    path = _checkpoint_dir(path)
+    placement = {} if torch.device(device).type == "cpu" else {"device_map": device}
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        path, dtype=dtype, local_files_only=True, **placement
+    )
+    model.eval().requires_grad_(False)
+    spec = ModelSpec.from_pretrained(path)
+    return LoadedModel(model=model, spec=spec, path=path, device=torch.device(device), dtype=dtype)
+
+
+def load_processor_parts(path: Path | str) -> tuple[PreTrainedTokenizerBase, WhisperFeatureExtractor]:
+    """The checkpoint's tokenizer and log-mel feature extractor.
+
+    The full Qwen3OmniMoeProcessor is avoided on purpose: it needs torchvision for its video part.
+    """
+    path = _checkpoint_dir(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    feature_extractor = WhisperFeatureExtractor.from_pretrained(path, local_files_only=True)
+    return tokenizer, feature_extractor

@@ -1,0 +1,354 @@
+"""A tiny Qwen3-Omni checkpoint: the real architecture with seeded random weights, for tests and demos.
+
+`build_tiny_checkpoint` writes a Hugging Face folder (config, safetensors weights, tokenizer, Whisper
+feature extractor) that `load_model` / `load_processor_parts` read exactly like the real
+Qwen3-Omni-30B-A3B-Instruct folder. Every config field is set explicitly because the transformers
+class defaults are not the real checkpoint's (28 layers, 32 code groups, codec ids 4196+...).
+Layer counts and widths are shrunk; ids, code groups, codebook size, window sizes and upsampling
+ratios are the real ones so the engine's shapes and stop logic are exercised as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import MappingProxyType
+
+import torch
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import (
+    Qwen2Tokenizer,
+    Qwen3OmniMoeConfig,
+    Qwen3OmniMoeForConditionalGeneration,
+    WhisperFeatureExtractor,
+)
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+logger = logging.getLogger(__name__)
+
+TINY_VERSION = "tiny-v1"  # bump whenever the recipe below changes: cached builds are keyed by it
+TEXT_VOCAB_SIZE = 1024
+# In the real tokenizer's relative order; they take the top ids of the vocab.
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|image_pad|>", "<|video_pad|>", "<|audio_start|>", "<|audio_end|>", "<|tts_pad|>",
+    "<|tts_bos|>", "<|tts_eos|>", "<|audio_pad|>",
+)  # fmt: skip
+# Attribute names the real Qwen3-Omni tokenizer exposes (tokenizer.audio_token, ...).
+EXTRA_SPECIAL_TOKENS = MappingProxyType({
+    "image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>",
+})  # fmt: skip
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'audio' %}{{- '<|audio_start|><|audio_pad|><|audio_end|>' }}"
+    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CODEC_IDS = MappingProxyType({  # the real checkpoint's codec control ids
+    "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150,
+    "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
+})  # fmt: skip
+SPEAKER_IDS = MappingProxyType({"chelsie": 2301, "ethan": 2302, "aiden": 2303})
+AUDIBLE_PEAK = 0.3  # target peak of the vocoder's output on random codes, see _make_audible
+
+
+def build_tiny_tokenizer() -> Qwen2Tokenizer:
+    """Train a 1024-token byte-level BPE (Qwen2 pre-tokenizer) on the built-in corpus, offline."""
+    bpe = Tokenizer(models.BPE())
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_CORPUS.split("\n\n"), trainer=trainer)
+    vocab = bpe.get_vocab()
+    first_special = TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS)
+    if len(vocab) != first_special:
+        raise RuntimeError(f"tiny BPE learned {len(vocab)} tokens; grow the corpus")
+    vocab.update({token: first_special + i for i, token in enumerate(SPECIAL_TOKENS)})
+    merges = [tuple(pair) for pair in json.loads(bpe.to_str())["model"]["merges"]]
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        extra_special_tokens=dict(EXTRA_SPECIAL_TOKENS),
+        model_max_length=32768,
+    )
+    # Register the rest as special added tokens: matched whole before BPE, never split.
+    tokenizer.add_special_tokens({"extra_special_tokens": list(SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
+    if ids != list(range(first_special, TEXT_VOCAB_SIZE)):
+        raise RuntimeError(f"special tokens landed on unexpected ids {ids}")
+    for role in ("system", "user", "assistant"):
+        if len(tokenizer.encode(role, add_special_tokens=False)) != 1:
+            raise RuntimeError(f"role name {role!r} is not a single token; grow the corpus")
+    return tokenizer
+
+
+def tiny_config(tokenizer: Qwen2Tokenizer) -> Qwen3OmniMoeConfig:
+    """The tiny config; text-side special ids are read from `tokenizer` (they sit at the top of its vocab)."""
+    tid = tokenizer.convert_tokens_to_ids
+    ids = {
+        "audio_token_id": tid("<|audio_pad|>"), "image_token_id": tid("<|image_pad|>"),
+        "video_token_id": tid("<|video_pad|>"), "audio_start_token_id": tid("<|audio_start|>"),
+        "audio_end_token_id": tid("<|audio_end|>"), "vision_start_token_id": tid("<|vision_start|>"),
+    }  # fmt: skip
+    # mrope over head_dim 16: 8 rotary pairs split T/H/W like the real [24, 20, 20] over 64 pairs.
+    mrope = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 2, 2], "interleaved": True}
+    moe_text = {
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu", "max_position_embeddings": 65536,
+        "initializer_range": 0.02, "rms_norm_eps": 1e-6, "use_cache": True, "tie_word_embeddings": False,
+        "attention_bias": False, "attention_dropout": 0.0, "sliding_window": None, "decoder_sparse_step": 1,
+        "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True,
+        "output_router_logits": False, "router_aux_loss_coef": 0.001, "mlp_only_layers": [],
+    }  # fmt: skip
+    thinker_text = {**moe_text, "vocab_size": TEXT_VOCAB_SIZE, "shared_expert_intermediate_size": 0,
+                    "rope_parameters": {**mrope, "mrope_interleaved": True}}  # fmt: skip
+    audio = {
+        "num_mel_bins": 128, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64,
+        "d_model": 32, "output_dim": 64, "downsample_hidden_size": 8, "activation_function": "gelu",
+        "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0, "scale_embedding": False,
+        "initializer_range": 0.02, "max_source_positions": 1500, "conv_chunksize": 500,
+        # The real values: transformers' placeholder count hard-codes 13 tokens per 100-frame chunk,
+        # which only holds for n_window 50; n_window_infer / (2 * n_window) = 8 as in the real config.
+        "n_window": 50, "n_window_infer": 800,
+    }  # fmt: skip
+    vision = {  # never used (no images), but the thinker class always builds a vision tower
+        "depth": 1, "hidden_size": 16, "hidden_act": "gelu_pytorch_tanh", "intermediate_size": 32,
+        "num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "out_hidden_size": 64, "num_position_embeddings": 64, "deepstack_visual_indexes": [0],
+        "initializer_range": 0.02,
+    }  # fmt: skip
+    thinker = {
+        "text_config": thinker_text, "audio_config": audio, "vision_config": vision, **ids,
+        "vision_end_token_id": tid("<|vision_end|>"), "user_token_id": tid("user"),
+        "position_id_per_seconds": 13, "seconds_per_chunk": 2, "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+    }  # fmt: skip
+    code_predictor = {
+        "vocab_size": 2048, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "hidden_act": "silu",
+        "max_position_embeddings": 32768, "initializer_range": 0.02, "rms_norm_eps": 1e-6, "use_cache": True,
+        "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+        "attention_bias": False, "attention_dropout": 0.0, "sliding_window": None, "max_window_layers": 28,
+        "num_code_groups": 16,
+    }  # fmt: skip
+    talker = {
+        "text_config": {**moe_text, "vocab_size": 3072, "shared_expert_intermediate_size": 32,
+                        "rope_parameters": mrope},
+        "code_predictor_config": code_predictor, "num_code_groups": 16, "thinker_hidden_size": 64,
+        "accept_hidden_layer": 1, **CODEC_IDS, "speaker_id": dict(SPEAKER_IDS), **ids,
+        # spatial_merge_size is no declared field but the talker's __init__ reads it.
+        "spatial_merge_size": 2, "position_id_per_seconds": 13, "seconds_per_chunk": 2,
+        "output_router_logits": False, "initializer_range": 0.02, "tie_word_embeddings": False,
+    }  # fmt: skip
+    code2wav = {
+        "codebook_size": 2048, "num_quantizers": 16, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_act": "silu",
+        "sliding_window": 72, "max_position_embeddings": 8000, "attention_bias": False,
+        "attention_dropout": 0.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "layer_scale_initial_scale": 0.01, "rms_norm_eps": 1e-5, "initializer_range": 0.02,
+        # 8*5*4*3 * 2*2 = 1920 samples (80 ms at 24 kHz) per codec frame, as in the real vocoder.
+        "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "decoder_dim": 32,
+    }  # fmt: skip
+    return Qwen3OmniMoeConfig(
+        thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True,
+        im_start_token_id=tid("<|im_start|>"), im_end_token_id=tid("<|im_end|>"),
+        tts_pad_token_id=tid("<|tts_pad|>"), tts_bos_token_id=tid("<|tts_bos|>"),
+        tts_eos_token_id=tid("<|tts_eos|>"), system_token_id=tid("system"), user_token_id=tid("user"),
+        assistant_token_id=tid("assistant"), initializer_range=0.02,
+    )  # fmt: skip
+
+
+def tiny_feature_extractor() -> WhisperFeatureExtractor:
+    """The real checkpoint's log-mel front end: 128 bins at 16 kHz, 10 ms hop, 25 ms window."""
+    return WhisperFeatureExtractor(
+        feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=300, n_fft=400
+    )
+
+
+@torch.no_grad()
+def _init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+    """Give the talker's MoE experts and routers random weights.
+
+    transformers' `_init_weights` covers the thinker's MoE blocks but not the talker's: its experts stay
+    torch.empty (arbitrary memory: non-deterministic, NaN at times) and its routers all-zero (every
+    token would tie and go to experts 0 and 1, leaving the routing untested).
+    """
+    std = model.config.talker_config.initializer_range
+    for layer in model.talker.model.layers:
+        torch.nn.init.normal_(layer.mlp.experts.gate_up_proj, mean=0.0, std=std)
+        torch.nn.init.normal_(layer.mlp.experts.down_proj, mean=0.0, std=std)
+        torch.nn.init.normal_(layer.mlp.gate.weight, mean=0.0, std=std)
+
+
+@torch.no_grad()
+def _make_audible(model: Qwen3OmniMoeForConditionalGeneration, generator: torch.Generator) -> None:
+    """Scale code2wav's last conv so random codes decode to audible noise.
+
+    With random weights the vocoder's output peaks around 1e-6: silence to a listener, and useless for
+    checking that audio flows end to end. Scaling the final (linear) conv's weight and bias scales the
+    waveform before the output clamp. The factor is a power of two near AUDIBLE_PEAK / peak, so the
+    peak lands in ~[0.2, 0.45] and the multiply is exact: the weights do not depend on how many
+    threads computed the calibration decode.
+    """
+    cfg = model.config.code2wav_config
+    codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 25), generator=generator)
+    peak = model.code2wav(codes).abs().max().item()
+    scale = 2.0 ** round(math.log2(AUDIBLE_PEAK / peak))
+    final = model.code2wav.decoder[-1].conv
+    final.weight.mul_(scale)
+    final.bias.mul_(scale)
+
+
+def build_tiny_model(seed: int = 0) -> tuple[Qwen3OmniMoeForConditionalGeneration, Qwen2Tokenizer]:
+    """The tiny model (eval mode) and its tokenizer, in memory; seeded, leaving the global RNG untouched."""
+    tokenizer = build_tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3OmniMoeForConditionalGeneration(tiny_config(tokenizer)).eval()
+        _init_talker_moe(model)
+    _make_audible(model, torch.Generator().manual_seed(seed))
+    return model, tokenizer
+
+
+def build_tiny_checkpoint(path: Path, seed: int = 0) -> None:
+    """Write the tiny checkpoint (weights, config, tokenizer, feature extractor) into `path`.
+
+    Deterministic: the same seed gives byte-identical files.
+    """
+    model, tokenizer = build_tiny_model(seed)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    tiny_feature_extractor().save_pretrained(path)
+
+
+def ensure_tiny_checkpoint(cache_dir: Path | None = None) -> Path:
+    """Return the cached tiny checkpoint's folder, building it on first use.
+
+    It lives in `<cache_dir>/tiny-v1` (default cache dir: ~/.cache/omnivoice). The build goes to a
+    temporary sibling folder renamed into place, so a reader never sees a half-written checkpoint and
+    processes racing to build it both end up with one complete copy. Within one process, build from one
+    thread at a time: model init draws from torch's global RNG.
+    """
+    cache_dir = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "omnivoice"
+    target = cache_dir / TINY_VERSION
+    if (target / "config.json").is_file():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{TINY_VERSION}-", dir=cache_dir))
+    try:
+        logger.info("building tiny Qwen3-Omni checkpoint into %s", target)
+        started = time.perf_counter()
+        build_tiny_checkpoint(staging)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            logger.info("another process built %s first; using its copy", target)
+        else:
+            logger.info("built tiny checkpoint in %.1f s", time.perf_counter() - started)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+# Training text for the tiny BPE. Dialogue turns start their own lines on purpose: that is how the
+# role names become single tokens ("assistant", not " assistant") as the chat format needs.
+_CORPUS = """\
+system: You are a helpful voice assistant. Answer the user briefly, kindly and clearly, in plain spoken
+English.
+user: Hello! Can you hear me? What is the weather like today in the city?
+assistant: Hello, I can hear you well. Today it is sunny and warm in the city, with a light breeze from the
+west and a few clouds in the late afternoon.
+user: Thank you. Should I take an umbrella when I go out tonight?
+assistant: There is a small chance of rain after nine o'clock, so a light umbrella would be a good idea if
+you plan to stay out late.
+
+The morning train left the station at seven, and the people on board read their papers, drank their coffee
+and looked out at the green fields. A child by the window counted the cows, the horses and the old red
+barns, and her father smiled and helped her write the numbers in a small blue notebook. When the train
+reached the river, the sun came out from behind the hills and the water shone like silver.
+
+To make a simple soup, cut two onions, three carrots and a few potatoes into small pieces. Warm some oil in
+a large pot, add the onions and stir them for five minutes until they are soft. Then add the carrots, the
+potatoes and enough water or stock to cover them. Let everything cook slowly for about twenty minutes, add
+salt and pepper, and serve it hot with fresh bread. It is a warm and friendly meal for a cold winter
+evening.
+
+user: Could you tell me a short story about a dog and a cat who become friends?
+assistant: Once upon a time, a small brown dog lived next to a quiet grey cat. At first they did not like
+each other at all. One stormy night the cat was stuck in a tree, and the dog barked until the neighbours
+came to help. From that day on, they shared the sunny spot in the garden and were the best of friends.
+user: That is lovely. Now please tell me what time it is in London and in Tokyo.
+assistant: I do not have a clock of my own, but if it is noon in London, it is eight or nine in the evening
+in Tokyo, depending on the season.
+
+Speech is made of sound waves that travel through the air. A microphone turns those waves into numbers, a
+computer listens to the numbers and finds the words, and a speaker turns new numbers back into sound. A good
+voice system must be quick, because people do not like to wait. It should start to speak while it is still
+thinking, and it should stop at once when the person begins to talk again.
+
+system: Keep every answer short. If you are not sure, say so and ask a question.
+user: What is the capital of France, and how many people live there?
+assistant: The capital of France is Paris. About two million people live in the city itself, and more than
+ten million live in the wider region around it.
+user: And what about Germany and Italy?
+assistant: The capital of Germany is Berlin, and the capital of Italy is Rome. Both are old cities with many
+museums, parks and famous buildings.
+
+Music has rhythm, melody and harmony. The rhythm is the pattern of long and short notes, the melody is the
+line of notes that you can sing, and the harmony is the group of notes that sound together. Some songs are
+fast and happy, some are slow and sad, and the best ones make us want to dance, to sing, or simply to listen
+in silence.
+
+user: I would like to learn a new language. Where should I begin?
+assistant: Begin with a few words and phrases that you will use every day, like greetings, numbers and
+simple questions. Listen to the language often, speak it out loud, and practise a little every day rather
+than a lot once a week.
+user: Which language is the easiest for an English speaker?
+assistant: Many English speakers find Spanish, Italian, Dutch or Norwegian easier to start with, because
+they share many words and sounds with English.
+
+The garden was quiet in the early morning. Birds sang in the tall trees, bees moved from flower to flower,
+and the grass was still wet with dew. An old man walked slowly along the path with a cup of tea in his hand,
+stopping now and then to look at the roses he had planted many years ago. He said that a garden, like a good
+friend, gives back more than you put into it.
+
+system: The user may speak or type. Reply in the same language as the user, and never read out long lists.
+user: Please set a timer for ten minutes and remind me to call my mother.
+assistant: Done. I have set a timer for ten minutes, and when it rings I will remind you to call your
+mother.
+user: Thanks, you are very helpful today.
+assistant: You are welcome. I am always happy to help, so just ask whenever you need something.
+
+Numbers help us measure the world: one, two, three, four, five, six, seven, eight, nine and ten. We use them
+to count money, to tell the time, to read maps and to build houses, bridges and machines. In 1969 people
+first walked on the moon, and in 2024 millions of people talk to their phones every single day.
+"""

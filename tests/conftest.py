@@ -1,0 +1,22 @@
+"""Shared fixtures. The tiny Qwen3-Omni checkpoint is built once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from omnivoice.models.tiny import ensure_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder of the tiny random-weight checkpoint (Hugging Face layout), built once per session.
+
+    Set OMNIVOICE_TEST_CACHE to a folder to keep the build across sessions; its versioned subfolder is
+    rebuilt only when the recipe's version changes.
+    """
+    cache = os.environ.get("OMNIVOICE_TEST_CACHE")
+    cache_dir = Path(cache) if cache else tmp_path_factory.mktemp("omnivoice-cache")
+    return ensure_tiny_checkpoint(cache_dir)
