@@ -138,7 +138,7 @@ class TalkerRunner:
         spec, req = self.spec, seq.request
         assistant = self.model.text_projection(torch.stack([*seq.role_embeds, seq.text[0]]))  # [4, Ht]
         text_part = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
-        voice = spec.speaker_ids[req.voice]
+        voice = spec.speaker_id(req.voice)
         codec_ids = [
             spec.codec_nothink_id,
             spec.codec_think_bos_id,
