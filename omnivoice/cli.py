@@ -1,0 +1,125 @@
+"""`omnivoice` command line: argument parsing and wiring only.
+
+omnivoice serve [--profile PATH] [--host H] [--port P] [--log-level L]
+omnivoice bench ...                 (load benchmark; options from omnivoice.bench.cli)
+omnivoice profile check PATH
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from omnivoice.config import ProfileError, load_profile
+
+log = logging.getLogger("omnivoice")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+EXIT_USAGE = 2
+
+
+def configure_logging(level: str) -> None:
+    """Configure the root logger once, for the whole process (uvicorn's loggers propagate to it)."""
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )
+
+
+def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
+    """The full parser; bench's own options are added only when `with_bench` (its import is lazy)."""
+    parser = argparse.ArgumentParser(
+        prog="omnivoice",
+        description="Real-time voice backend serving Qwen3-Omni thinker-talker models as a staged engine.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the HTTP server (OpenAI-compatible /v1/chat/completions with streamed audio)",
+        description="Load the model and serve /v1/chat/completions, /v1/models, /health and /metrics. "
+        "Settings come from the profile; --host/--port/--log-level override it.",
+    )
+    serve.add_argument(
+        "--profile", metavar="PATH", help="deploy profile YAML (default: built-in CPU profile)"
+    )
+    serve.add_argument("--host", help="interface to bind (default: the profile's server.host)")
+    serve.add_argument(
+        "--port", type=int, help="TCP port, 0 for any free one (default: the profile's server.port)"
+    )
+    serve.add_argument("--log-level", choices=LOG_LEVELS, help="default: the profile's server.log_level")
+    serve.set_defaults(func=_serve)
+
+    bench = sub.add_parser(
+        "bench",
+        help="load-test a running server and report TTFT, time to first audio, RTF and throughput",
+        description="Closed-loop streaming load against a running server's /v1/chat/completions.",
+    )
+    if with_bench:
+        from omnivoice.bench.cli import add_arguments
+
+        add_arguments(bench)
+    bench.set_defaults(func=_bench)
+
+    profile = sub.add_parser("profile", help="work with deploy profiles", description="Deploy profile tools.")
+    profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
+    check = profile_sub.add_parser(
+        "check",
+        help="validate a profile file",
+        description="Validate a profile: print every problem naming its key and exit 2, or print 'ok'.",
+    )
+    check.add_argument("path", metavar="PATH", help="profile YAML to validate")
+    check.set_defaults(func=_profile_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    with_bench = next((a for a in args_list if not a.startswith("-")), None) == "bench"
+    try:
+        parser = build_parser(with_bench=with_bench)
+    except ImportError as e:
+        print(f"omnivoice bench is not available: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(args_list)
+    return args.func(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
+    host = args.host or profile.server.host
+    port = profile.server.port if args.port is None else args.port
+    level = args.log_level or profile.server.log_level
+    configure_logging(level)
+    from omnivoice.server.app import run_server  # the server stack, imported only for `serve`
+
+    try:
+        return asyncio.run(run_server(profile, host, port, level))
+    except KeyboardInterrupt:
+        return 130
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from omnivoice.bench.cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _profile_check(args: argparse.Namespace) -> int:
+    try:
+        load_profile(args.path)
+    except ProfileError as e:
+        print(e, file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{args.path}: ok")
+    return 0

@@ -1,0 +1,143 @@
+"""The ASGI app: routes, error handlers, request ids, and the engine's lifetime.
+
+Everything app-wide (engine lifecycle, admission, metrics, profile) hangs off `app.state`, built in
+`create_app` and started/stopped by the lifespan; nothing lives in module globals, so tests can run
+several apps side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from omnivoice.config import Profile
+from omnivoice.server import routes
+from omnivoice.server.chat import chat_completions
+from omnivoice.server.errors import EXCEPTION_HANDLERS
+from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
+from omnivoice.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("omnivoice.access")
+
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+_QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes: logged at debug level
+
+
+def create_app(profile: Profile, engine_factory: EngineFactory = start_default_engine) -> Starlette:
+    """Build the app. The engine is started by the lifespan (in the background) and closed at shutdown.
+
+    `engine_factory(profile)` must return an object with the `Engine` interface; the default is
+    `omnivoice.engine.engine.Engine.start`, imported only when the app starts.
+    """
+    lifecycle = EngineLifecycle(profile, engine_factory)
+    admission = Admission(profile.server.max_concurrent_requests)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        lifecycle.start()
+        try:
+            yield
+        finally:
+            await lifecycle.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", routes.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
+        ],
+        middleware=[Middleware(RequestContextMiddleware)],
+        exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
+        lifespan=lifespan,
+    )
+    app.state.profile = profile
+    app.state.created = int(time.time())
+    app.state.lifecycle = lifecycle
+    app.state.admission = admission
+    app.state.metrics = Metrics(in_flight=lambda: admission.in_flight, engine_stats=lifecycle.stats)
+    return app
+
+
+async def run_server(
+    profile: Profile,
+    host: str,
+    port: int,
+    log_level: str,
+    engine_factory: EngineFactory = start_default_engine,
+) -> int:
+    """Serve until shut down (SIGINT/SIGTERM); 1 if the engine failed to start, else 0.
+
+    Logs "omnivoice serving <model> on http://host:port" once the engine is up and the port bound.
+    """
+    app = create_app(profile, engine_factory)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
+        lifespan="on", timeout_graceful_shutdown=10,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve(), name="uvicorn")
+    lifecycle: EngineLifecycle = app.state.lifecycle
+    settled = asyncio.create_task(lifecycle.wait_settled(), name="engine-ready")
+    await asyncio.wait((serving, settled), return_when=asyncio.FIRST_COMPLETED)
+    while settled.done() and not server.started and not serving.done():
+        await asyncio.sleep(0.01)  # the engine can be up before uvicorn has bound its socket
+    ok = settled.done() and settled.result()
+    if ok and server.started:
+        bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+        log.info("omnivoice serving %s on http://%s:%d", profile.model.served_name, host, bound)
+    elif settled.done() and not ok:
+        log.error("engine failed to start (%s); shutting down", lifecycle.error)
+        server.should_exit = True
+    await serving
+    settled.cancel()
+    return 0 if ok else 1
+
+
+class RequestContextMiddleware:
+    """Gives each HTTP request an id (the client's `X-Request-Id` if sane, else a fresh one),
+    echoes it in the response headers and writes one access-log line when the response ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _CLIENT_ID.fullmatch(given) else uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+        status = 0
+        t0 = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            path = scope["path"]
+            level = logging.DEBUG if path in _QUIET_PATHS and status == 200 else logging.INFO
+            ms = (time.perf_counter() - t0) * 1000
+            access_log.log(
+                level, "request %s: %s %s -> %s in %.0f ms", rid, scope["method"], path, status, ms
+            )

@@ -1,0 +1,243 @@
+"""`POST /v1/chat/completions`: admission, validation, then the engine's outputs as JSON or SSE.
+
+The response shapes (OpenAI SDK + vLLM-Omni compatible) are documented in `chat_format`.
+A request ends in exactly one `omnivoice_requests_total{status}`: ok, cancelled (client left; the
+engine request is aborted), error, invalid (4xx), rejected (429) or unavailable (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omnivoice.config import Profile
+from omnivoice.engine.types import AudioChunk, Finished, GenerationRequest, Sampling, TextDelta, Usage
+from omnivoice.server.chat_format import ChunkWriter, Turn, completion_body, encode_audio
+from omnivoice.server.chat_schema import (
+    ChatRequest,
+    TextContent,
+    check_voice,
+    parse_chat_request,
+    to_engine_messages,
+)
+from omnivoice.server.errors import APIError, bad_request, internal_error, not_found, read_json_object
+from omnivoice.server.metrics import RequestTimer
+from omnivoice.server.sse import DONE, EventStreamResponse, run_unless_disconnected, sse_event
+
+log = logging.getLogger(__name__)
+
+
+async def chat_completions(request: Request) -> Response | EventStreamResponse:
+    state = request.app.state
+    rid = request.state.request_id
+    try:
+        engine = state.lifecycle.require()
+        slot = state.admission.acquire()
+    except APIError as e:
+        state.metrics.count("unavailable" if e.status == 503 else "rejected")
+        raise
+    handed_off, timer = False, None
+    try:
+        req, gen, turn = await _prepare(request, engine, state.profile)
+        modalities = "+".join(m for m, on in (("text", turn.want_text), ("audio", turn.want_audio)) if on)
+        log.info(
+            "request %s: %s stream=%s modalities=%s prompt_tokens=%d",
+            rid, turn.id, req.stream, modalities, len(gen.prompt.input_ids),
+        )  # fmt: skip
+        timer = state.metrics.start_request()
+        if req.stream:
+            handed_off = True  # the response releases the slot when it ends, however it ends
+            events = _stream(engine, gen, turn, timer, rid)
+            return EventStreamResponse(events, on_close=slot.release)
+        return await _complete(request, engine, gen, turn, timer)
+    except Exception as e:
+        if timer is not None:
+            timer.finish("error")  # no-op if the request already recorded its outcome
+        else:
+            client_error = isinstance(e, APIError) and e.status < 500
+            state.metrics.count("invalid" if client_error else "error")
+        raise
+    finally:
+        if not handed_off:
+            slot.release()
+
+
+async def _prepare(
+    request: Request, engine: Any, profile: Profile
+) -> tuple[ChatRequest, GenerationRequest, Turn]:
+    req = parse_chat_request(await read_json_object(request, profile.server.max_body_bytes))
+    info = engine.info
+    if req.model is not None and req.model != info.served_name:
+        message = f"the model {req.model!r} does not exist; this server serves {info.served_name!r}"
+        raise not_found(message, param="model", code="model_not_found")
+    want = req.output_modalities
+    voice = (req.audio.voice if req.audio else None) or info.default_voice
+    if "audio" in want:
+        check_voice(voice, info.voices)
+    # Audio decoding and feature extraction are CPU work: keep them off the event loop.
+    has_audio = any(not isinstance(p, TextContent) for m in req.messages for p in m.content or ())
+    if has_audio:
+        prompt = await asyncio.to_thread(_build_prompt, engine, req, profile)
+    else:
+        prompt = _build_prompt(engine, req, profile)
+    if len(prompt.input_ids) > info.max_prompt_tokens:
+        message = f"the prompt has {len(prompt.input_ids)} tokens; the limit is {info.max_prompt_tokens}"
+        raise bad_request(message, param="messages", code="context_length_exceeded")
+    turn = Turn(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=info.served_name,
+        want_text="text" in want,
+        want_audio="audio" in want,
+        audio_format=req.audio.format if req.audio else "wav",
+        include_usage=req.include_usage,
+    )
+    gen = GenerationRequest(
+        request_id=turn.id,
+        prompt=prompt,
+        want_audio=turn.want_audio,
+        voice=voice,
+        thinker=_thinker_sampling(req, profile),
+        talker=_sampling(profile.stages.talker.sampling, seed=req.seed),
+    )
+    return req, gen, turn
+
+
+def _build_prompt(engine: Any, req: ChatRequest, profile: Profile) -> Any:
+    messages = to_engine_messages(req, profile.server.max_audio_seconds)
+    try:
+        return engine.build_prompt(messages)
+    except ValueError as e:  # the engine's PromptError: a user-facing message
+        raise bad_request(str(e), param="messages") from None
+
+
+def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
+    d = profile.stages.thinker.sampling
+    return _sampling(
+        d,
+        seed=req.seed,
+        temperature=d.temperature if req.temperature is None else req.temperature,
+        top_p=d.top_p if req.top_p is None else req.top_p,
+        max_tokens=req.max_completion_tokens or req.max_tokens or d.max_tokens,
+    )
+
+
+def _sampling(d: Any, **overrides: Any) -> Sampling:
+    base = {
+        "temperature": d.temperature,
+        "top_p": d.top_p,
+        "top_k": d.top_k,
+        "repetition_penalty": d.repetition_penalty,
+        "max_tokens": d.max_tokens,
+    }
+    return Sampling(**{**base, **overrides})
+
+
+async def _complete(
+    request: Request, engine: Any, gen: GenerationRequest, turn: Turn, timer: RequestTimer
+) -> Response:
+    """Non-streaming: collect everything; a client that disconnects meanwhile aborts the request."""
+    rid = request.state.request_id
+    result = await run_unless_disconnected(request.receive, _collect(engine, gen, timer))
+    if result is None:
+        timer.finish("cancelled")
+        log.info("request %s: client disconnected; aborted %s", rid, gen.request_id)
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    text, pcm, rate, fin = result
+    usage = fin.usage
+    if fin.finish_reason not in ("stop", "length"):
+        timer.finish("error", usage.prompt_tokens, usage.completion_tokens)
+        log.warning("request %s: %s ended with %s: %s", rid, gen.request_id, fin.finish_reason, fin.error)
+        raise internal_error(fin.error or f"generation ended with {fin.finish_reason}")
+    timer.finish("ok", usage.prompt_tokens, usage.completion_tokens)
+    _log_done(rid, gen.request_id, "ok", timer)
+    audio_b64 = encode_audio(pcm, rate, turn.audio_format) if turn.want_audio else None
+    return JSONResponse(completion_body(turn, text, audio_b64, fin.finish_reason, usage))
+
+
+async def _collect(
+    engine: Any, gen: GenerationRequest, timer: RequestTimer
+) -> tuple[str, np.ndarray, int, Finished]:
+    texts: list[str] = []
+    pcm: list[np.ndarray] = []
+    rate = engine.info.sample_rate
+    async with aclosing(engine.generate(gen)) as outputs:  # closing early aborts in every stage
+        async for out in outputs:
+            if isinstance(out, TextDelta):
+                texts.append(out.text)
+                timer.text()
+            elif isinstance(out, AudioChunk):
+                pcm.append(out.pcm)
+                rate = out.sample_rate
+                timer.audio(out.pcm.size / out.sample_rate)
+            elif isinstance(out, Finished):
+                audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
+                return "".join(texts), audio, rate, out
+    raise RuntimeError("the engine's output ended without Finished")
+
+
+async def _stream(
+    engine: Any, gen: GenerationRequest, turn: Turn, timer: RequestTimer, rid: str
+) -> AsyncGenerator[bytes, None]:
+    """SSE events of one request; closing this generator early aborts the engine request."""
+    writer = ChunkWriter(turn)
+    status, usage = "cancelled", Usage()
+    transcript: list[str] = []  # audio-only: text waiting to ride on the next audio chunk
+    outputs = engine.generate(gen)
+    try:
+        async for out in outputs:
+            if isinstance(out, TextDelta) and out.text:
+                if turn.want_text:
+                    yield sse_event(writer.text(out.text))
+                    timer.text()
+                else:
+                    transcript.append(out.text)
+            elif isinstance(out, AudioChunk) and turn.want_audio:
+                b64 = encode_audio(out.pcm, out.sample_rate, turn.audio_format)
+                yield sse_event(writer.audio(b64, "".join(transcript)))
+                transcript.clear()
+                timer.audio(out.pcm.size / out.sample_rate)
+            elif isinstance(out, Finished):
+                usage = out.usage
+                if out.finish_reason in ("stop", "length"):
+                    status = "ok"
+                    yield sse_event(writer.end(out.finish_reason, "".join(transcript)))
+                    if turn.include_usage:
+                        yield sse_event(writer.usage(usage))
+                else:
+                    status = "error"
+                    log.warning(
+                        "request %s: %s ended with %s: %s", rid, gen.request_id, out.finish_reason, out.error
+                    )
+                    yield sse_event(internal_error(out.error or f"generation {out.finish_reason}").body())
+                yield DONE
+                break
+    except Exception:
+        status = "error"
+        log.exception("request %s: streaming %s failed", rid, gen.request_id)
+        yield sse_event(internal_error().body())
+        yield DONE
+    finally:
+        await outputs.aclose()
+        timer.finish(status, usage.prompt_tokens, usage.completion_tokens)
+        _log_done(rid, gen.request_id, status, timer)
+
+
+def _log_done(rid: str, engine_id: str, status: str, timer: RequestTimer) -> None:
+    log.info(
+        "request %s: %s %s ttft=%s first_audio=%s audio=%.2fs",
+        rid, engine_id, status, _ms(timer.first_text), _ms(timer.first_audio), timer.audio_s,
+    )  # fmt: skip
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}ms"

@@ -1,0 +1,154 @@
+"""Wire shapes of `/v1/chat/completions` responses, compatible with both the `openai` SDK and vLLM-Omni.
+
+Non-streaming (`object: "chat.completion"`), with text and audio requested:
+
+    choices[0] = {index: 0, message: {role: "assistant", content: TEXT,
+                                      audio: {id, data: B64, expires_at, transcript: TEXT}}, finish_reason}
+    choices[1] = {index: 1, message: {role: "assistant", content: null, audio: <same object>}, finish_reason}
+
+  The `openai` SDK reads `choices[0].message.content` and `choices[0].message.audio.data`; vLLM-Omni's
+  clients and tests read the text from choice 0 and the audio from choice 1 (`len(choices) == 2`).
+  (vLLM-Omni's example client saves audio from every choice that has it, so it writes the file twice.)
+  Audio only: just choice 0, `content: null`, the text in `audio.transcript`. Text only: one choice,
+  no `audio`. B64 is a complete 16-bit mono WAV at the engine's rate (24 kHz) for `audio.format: wav`
+  (the default), raw pcm16 for `pcm16`. `expires_at` is informational: audio is not stored, so the
+  `id` cannot be referenced in a later request.
+
+Streaming (SSE, `object: "chat.completion.chunk"`), every chunk sent as soon as the engine yields it,
+each with a top-level `modality` ("text" | "audio") as vLLM-Omni's benchmark expects:
+
+    text:  {modality: "text",  choices: [{index: 0, delta: {content: TEXT}, finish_reason: null}]}
+    audio: {modality: "audio", choices: [{index: 0, delta: {content: B64, audio: {id, data: B64}}, ...}]}
+    end:   {modality: "text",  choices: [{index: 0, delta: {}, finish_reason: "stop" | "length"}]}
+    usage: {modality: "text",  choices: [], usage: {...}}        (only with stream_options.include_usage)
+    data: [DONE]
+
+  The first chunk's delta also carries `role: "assistant"`. Audio is in both `delta.content`
+  (vLLM-Omni) and `delta.audio.data` (OpenAI); B64 is one self-contained WAV per chunk for `wav`
+  (what vLLM-Omni's benchmark decodes), raw pcm16 24 kHz for `pcm16` (OpenAI's streaming format).
+  Clients must use `modality` to tell base64 audio from text in `delta.content`. Audio only: no text
+  chunks; the transcript rides on the audio chunks as `delta.audio.transcript`. A failure mid-stream
+  is sent as `data: {"error": {...}}` (the `openai` SDK raises it as an APIError), then `[DONE]`.
+
+Usage: `completion_tokens` counts text tokens only (so tok/s compares with vLLM-Omni's benchmark);
+codec frames are reported in `completion_tokens_details.audio_tokens`.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from omnivoice.audio import encode_wav, pcm16_bytes
+from omnivoice.engine.types import Usage
+
+AUDIO_TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What one response needs to know to format its output."""
+
+    id: str  # chatcmpl-..., also the engine's request id
+    created: int
+    model: str
+    want_text: bool
+    want_audio: bool
+    audio_format: Literal["wav", "pcm16"]
+    include_usage: bool
+
+    @property
+    def audio_id(self) -> str:
+        return "audio-" + self.id.removeprefix("chatcmpl-")
+
+
+def encode_audio(pcm: np.ndarray, sample_rate: int, audio_format: str) -> str:
+    """Base64 of `pcm` as a whole WAV file (`wav`) or raw little-endian 16-bit samples (`pcm16`)."""
+    data = encode_wav(pcm, sample_rate) if audio_format == "wav" else pcm16_bytes(pcm)
+    return base64.b64encode(data).decode("ascii")
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "completion_tokens_details": {"audio_tokens": usage.audio_frames},
+    }
+
+
+def completion_body(turn: Turn, text: str, audio_b64: str | None, finish_reason: str, usage: Usage) -> dict:
+    """The non-streaming response (see the module docstring)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text if turn.want_text else None}
+    choices = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}]
+    if turn.want_audio:
+        audio = {
+            "id": turn.audio_id,
+            "data": audio_b64 or "",
+            "expires_at": turn.created + AUDIO_TTL_S,
+            "transcript": text,
+        }
+        message["audio"] = audio
+        if turn.want_text:
+            audio_message = {"role": "assistant", "content": None, "audio": audio}
+            choices.append(
+                {"index": 1, "message": audio_message, "logprobs": None, "finish_reason": finish_reason}
+            )
+    return {
+        "id": turn.id,
+        "object": "chat.completion",
+        "created": turn.created,
+        "model": turn.model,
+        "choices": choices,
+        "usage": usage_body(usage),
+    }
+
+
+class ChunkWriter:
+    """Builds the SSE chunks of one streamed response, in order (see the module docstring)."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self._role_sent = False
+
+    def _chunk(self, modality: str, delta: dict[str, Any], finish_reason: str | None = None) -> dict:
+        if not self._role_sent:
+            delta = {"role": "assistant", **delta}
+            self._role_sent = True
+        t = self.turn
+        return {
+            "id": t.id,
+            "object": "chat.completion.chunk",
+            "created": t.created,
+            "model": t.model,
+            "modality": modality,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
+
+    def text(self, text: str) -> dict:
+        return self._chunk("text", {"content": text})
+
+    def audio(self, b64: str, transcript: str | None = None) -> dict:
+        audio: dict[str, Any] = {"id": self.turn.audio_id, "data": b64}
+        if transcript:
+            audio["transcript"] = transcript
+        return self._chunk("audio", {"content": b64, "audio": audio})
+
+    def end(self, finish_reason: str, transcript: str | None = None) -> dict:
+        delta = {"audio": {"id": self.turn.audio_id, "transcript": transcript}} if transcript else {}
+        return self._chunk("text", delta, finish_reason)
+
+    def usage(self, usage: Usage) -> dict:
+        t = self.turn
+        return {
+            "id": t.id,
+            "object": "chat.completion.chunk",
+            "created": t.created,
+            "model": t.model,
+            "modality": "text",
+            "choices": [],
+            "usage": usage_body(usage),
+        }

@@ -1,0 +1,201 @@
+"""The `/v1/chat/completions` request: pydantic models and their conversion to engine messages.
+
+Keys that OpenAI clients send and we don't use (`user`, `metadata`, `store`, `logprobs`, `name`,
+vLLM extras, ...) are tolerated; every key we act on is validated, and what this model cannot do
+(tool messages, images, video, n > 1) fails with a 400 naming the offending field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from omnivoice.audio import AudioDecodeError, decode_base64_audio
+from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
+from omnivoice.server.errors import APIError, bad_request
+
+_UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class TextContent(_Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class InputAudio(_Lenient):
+    data: str
+    format: str = "wav"  # checked when decoding, so the error can list what is supported
+
+
+class InputAudioContent(_Lenient):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioURL(_Lenient):
+    url: str
+
+
+class AudioURLContent(_Lenient):
+    """vLLM's `audio_url` part; only `data:audio/wav;base64,...` URLs (the server fetches nothing)."""
+
+    type: Literal["audio_url"]
+    audio_url: AudioURL
+
+
+ContentPart = Annotated[TextContent | InputAudioContent | AudioURLContent, Field(discriminator="type")]
+
+
+class Message(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: list[ContentPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _normalize(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [{"type": "text", "text": v}]
+        if isinstance(v, list):
+            for part in v:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in _UNSUPPORTED_PARTS:
+                    raise ValueError(f"{kind!r} content is not supported by this model (text and audio only)")
+        elif v is not None:
+            raise ValueError("must be a string or a list of content parts")
+        return v
+
+
+class AudioOutput(_Lenient):
+    voice: str | None = None
+    format: Literal["wav", "pcm16"] = "wav"
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ChatRequest(_Lenient):
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioOutput | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    n: int | None = None
+
+    @field_validator("modalities")
+    @classmethod
+    def _modalities(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError('must be ["text"], ["audio"] or ["text", "audio"]')
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int | None) -> int | None:
+        if v not in (None, 1):
+            raise ValueError("only n=1 is supported")
+        return v
+
+    @property
+    def output_modalities(self) -> frozenset[str]:
+        # Default to text and audio like vLLM-Omni (its benchmark sends no `modalities`).
+        return frozenset(self.modalities or ("text", "audio"))
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    """Validate a request body; a 400 APIError lists every problem and names the first as `param`."""
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as err:
+        problems = [(_loc(e["loc"]), _msg(e)) for e in err.errors()]
+        message = "; ".join(f"{loc}: {msg}" if loc else msg for loc, msg in problems)
+        raise bad_request(message, param=problems[0][0] or None) from None
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out, prev = "", None
+    for p in loc:
+        if p != prev:  # a discriminated union repeats its tag: content[0].input_audio.input_audio.data
+            out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+        prev = p
+    return out
+
+
+def _msg(e: Any) -> str:
+    if e["type"] == "value_error":
+        return str(e["ctx"]["error"])
+    return str(e["msg"])
+
+
+def to_engine_messages(req: ChatRequest, max_audio_seconds: float) -> tuple[ChatMessage, ...]:
+    """Map OpenAI messages to engine messages, decoding audio; raises a 400 APIError."""
+    out = []
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if m.role in ("tool", "function"):
+            raise bad_request(f"{where}: role {m.role!r} is not supported (no tool calling)", param=where)
+        if not m.content:
+            raise bad_request(f"{where}: content is required", param=f"{where}.content")
+        if m.role == "assistant" and any(not isinstance(p, TextContent) for p in m.content):
+            raise bad_request(f"{where}: assistant content must be text", param=f"{where}.content")
+        parts = tuple(_part(p, f"{where}.content[{j}]", max_audio_seconds) for j, p in enumerate(m.content))
+        role: Literal["system", "user", "assistant"] = (
+            "user" if m.role == "user" else "assistant" if m.role == "assistant" else "system"
+        )
+        out.append(ChatMessage(role=role, parts=parts))
+    return tuple(out)
+
+
+def _part(p: ContentPart, where: str, max_audio_seconds: float) -> TextPart | AudioPart:
+    if isinstance(p, TextContent):
+        return TextPart(p.text)
+    try:
+        if isinstance(p, InputAudioContent):
+            pcm, rate = decode_base64_audio(p.input_audio.data, p.input_audio.format)
+        else:
+            pcm, rate = decode_base64_audio(*_parse_audio_data_url(p.audio_url.url))
+    except AudioDecodeError as e:
+        raise bad_request(f"{where}: {e}", param=where, code="invalid_audio") from None
+    if pcm.size == 0:
+        raise bad_request(f"{where}: the audio has no samples", param=where, code="invalid_audio")
+    seconds = pcm.size / rate
+    if seconds > max_audio_seconds:
+        message = f"{where}: audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s"
+        raise bad_request(message, param=where, code="audio_too_long")
+    return AudioPart(pcm=pcm, sample_rate=rate)
+
+
+def _parse_audio_data_url(url: str) -> tuple[str, str]:
+    """`data:audio/wav;base64,XXXX` -> (XXXX, "wav")."""
+    head, sep, data = url.partition(",")
+    if not (url.startswith("data:") and sep and head.endswith(";base64")):
+        raise AudioDecodeError("audio_url must be a base64 data URL (data:audio/wav;base64,...)")
+    mime = head[len("data:") : -len(";base64")].lower()
+    if mime not in ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"):
+        raise AudioDecodeError(f"unsupported audio_url type {mime!r}; send audio/wav")
+    return data, "wav"
+
+
+def check_voice(voice: str, voices: tuple[str, ...]) -> None:
+    if voice not in voices:
+        raise APIError(
+            400,
+            f"unknown voice {voice!r}; available: {', '.join(voices)}",
+            param="audio.voice",
+            code="invalid_voice",
+        )

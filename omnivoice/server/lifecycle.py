@@ -1,0 +1,124 @@
+"""App-scoped resources with a lifetime: the engine (started in the background) and admission."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from omnivoice.config import Profile
+from omnivoice.engine.types import EngineStats
+from omnivoice.server.errors import service_unavailable, too_many_requests
+
+if TYPE_CHECKING:
+    from omnivoice.engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+# `Engine.start`, or a stand-in with the same interface (tests).
+EngineFactory = Callable[[Profile], Awaitable[Any]]
+
+
+async def start_default_engine(profile: Profile) -> Engine:
+    """`Engine.start(profile)`, importing the model stack (torch, transformers: seconds) in a thread
+    so that neither importing the HTTP layer nor the event loop pays for it."""
+    engine_cls = await asyncio.to_thread(_import_engine)
+    return await engine_cls.start(profile)
+
+
+def _import_engine() -> type[Engine]:
+    from omnivoice.engine.engine import Engine
+
+    return Engine
+
+
+class EngineLifecycle:
+    """Starts the engine in the background so the server answers `/health` (503) while it loads.
+
+    state: starting -> ready | failed -> closed.
+    """
+
+    def __init__(self, profile: Profile, factory: EngineFactory) -> None:
+        self._profile = profile
+        self._factory = factory
+        self.state: Literal["starting", "ready", "failed", "closed"] = "starting"
+        self.engine: Any = None
+        self.error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()
+
+    def start(self) -> None:
+        """Begin loading; call from the app's lifespan (needs a running loop)."""
+        self._task = asyncio.create_task(self._run(), name="engine-start")
+
+    async def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            engine = await self._factory(self._profile)
+        except Exception as e:
+            log.exception("engine failed to start")
+            self.state, self.error = "failed", f"{type(e).__name__}: {e}"
+        else:
+            if self.state == "closed":  # shut down while loading
+                await engine.close()
+            else:
+                self.engine, self.state = engine, "ready"
+                log.info("engine ready in %.1f s", time.perf_counter() - t0)
+        finally:
+            self._settled.set()
+
+    async def wait_settled(self) -> bool:
+        """Wait until the engine is up (True) or failed to start (False)."""
+        await self._settled.wait()
+        return self.state == "ready"
+
+    def require(self) -> Any:
+        """The running engine, or a 503 APIError."""
+        if self.state == "ready":
+            return self.engine
+        if self.state == "starting":
+            raise service_unavailable("the model is still loading; retry shortly")
+        raise service_unavailable(f"the engine is {self.state}")
+
+    def stats(self) -> EngineStats | None:
+        return self.engine.stats() if self.state == "ready" else None
+
+    async def close(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            # Cancelling would orphan a half-built engine (start runs in a thread); wait for it instead.
+            log.info("waiting for the engine to finish starting before closing it")
+            self.state = "closed"
+            await asyncio.shield(task)
+        engine, self.engine, self.state = self.engine, None, "closed"
+        if engine is not None:
+            await engine.close()
+            log.info("engine closed")
+
+
+class Admission:
+    """At most `limit` requests in flight; over it, fail fast with 429 instead of queueing."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def acquire(self) -> Slot:
+        if self.in_flight >= self.limit:
+            raise too_many_requests(self.limit)
+        self.in_flight += 1
+        return Slot(self)
+
+
+class Slot:
+    """One admitted request; `release()` is idempotent."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission: Admission | None = admission
+
+    def release(self) -> None:
+        if self._admission is not None:
+            self._admission.in_flight -= 1
+            self._admission = None

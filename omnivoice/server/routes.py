@@ -1,0 +1,46 @@
+"""Small read-only endpoints: `/health`, `/v1/models`, `/metrics`."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omnivoice.server.errors import not_found
+
+
+async def health(request: Request) -> Response:
+    """200 `{"status": "ok"}` once the engine is up; 503 while it is starting, failed or closed."""
+    lifecycle = request.app.state.lifecycle
+    if lifecycle.state == "ready":
+        return JSONResponse({"status": "ok"})
+    body = {"status": lifecycle.state}
+    if lifecycle.error:
+        body["error"] = lifecycle.error
+    return JSONResponse(body, status_code=503)
+
+
+def _model_card(request: Request) -> dict:
+    state = request.app.state
+    return {
+        "id": state.profile.model.served_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "omnivoice",
+    }
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(request)]})
+
+
+async def get_model(request: Request) -> Response:
+    card = _model_card(request)
+    name = request.path_params["model"]
+    if name != card["id"]:
+        raise not_found(f"the model {name!r} does not exist", param="model", code="model_not_found")
+    return JSONResponse(card)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,189 @@
+"""A stand-in for `omnivoice.engine.engine.Engine`, for unit tests of the HTTP layer only.
+
+It yields a scripted interleaving of TextDeltas and AudioChunks with sleeps in between, records
+every request and every abort (explicit, or by the consumer leaving the iterator early), and can
+be told to start slowly, fail to start, or fail mid-generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from omnivoice.config import Profile, parse_profile
+from omnivoice.engine.types import (
+    AudioChunk,
+    AudioPart,
+    ChatMessage,
+    EngineOutput,
+    EngineStats,
+    Finished,
+    GenerationRequest,
+    Prompt,
+    StageStats,
+    TextDelta,
+    TextPart,
+    Usage,
+)
+from omnivoice.server import create_app
+
+from .serve import serve
+
+SAMPLE_RATE = 24000
+VOICES = ("ethan", "chelsie")
+
+
+class FakePromptError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class FakeModelInfo:
+    served_name: str
+    sample_rate: int = SAMPLE_RATE
+    voices: tuple[str, ...] = VOICES
+    default_voice: str = "ethan"
+    max_prompt_tokens: int = 200
+
+
+@dataclass
+class Script:
+    """What each request produces: `texts[i]` is followed by audio chunk i while audio lasts."""
+
+    texts: tuple[str, ...] = ("Hello", " there", ",", " friend", "!")
+    audio_chunks: int = 3
+    chunk_samples: int = 2400  # 0.1 s at 24 kHz
+    delay: float = 0.01  # seconds between outputs
+    finish_reason: Literal["stop", "length", "abort", "error"] = "stop"
+    raise_after: int | None = None  # raise RuntimeError after this many outputs
+
+
+@dataclass
+class FakeEngine:
+    info: FakeModelInfo
+    script: Script = field(default_factory=Script)
+    requests: list[GenerationRequest] = field(default_factory=list)
+    prompts: list[tuple[ChatMessage, ...]] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    running: set[str] = field(default_factory=set)
+    closed: bool = False
+
+    @classmethod
+    def factory(
+        cls,
+        script: Script | None = None,
+        *,
+        engines: list[FakeEngine] | None = None,
+        start_gate: threading.Event | None = None,
+        fail_start: bool = False,
+    ):
+        """An `engine_factory` for `create_app`; started engines are appended to `engines`."""
+
+        async def start(profile: Profile) -> FakeEngine:
+            if start_gate is not None:
+                while not start_gate.is_set():
+                    await asyncio.sleep(0.01)
+            if fail_start:
+                raise RuntimeError("weights not found")
+            engine = cls(FakeModelInfo(served_name=profile.model.served_name), script or Script())
+            if engines is not None:
+                engines.append(engine)
+            return engine
+
+        return start
+
+    def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
+        self.prompts.append(tuple(messages))
+        n = 0
+        for m in messages:
+            for p in m.parts:
+                if isinstance(p, TextPart):
+                    if "FORBIDDEN" in p.text:
+                        raise FakePromptError("the prompt contains a forbidden word")
+                    n += len(p.text.split())
+                elif isinstance(p, AudioPart):
+                    n += max(1, int(p.pcm.size / p.sample_rate * 25))
+        return Prompt(input_ids=tuple(range(n)))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        rid, s = request.request_id, self.script
+        self.requests.append(request)
+        self.running.add(rid)
+        finished = False
+        try:
+            for i, out in enumerate(self._outputs(request)):
+                await asyncio.sleep(s.delay)
+                if s.raise_after is not None and i >= s.raise_after:
+                    raise RuntimeError("talker exploded")
+                finished = isinstance(out, Finished)
+                yield out
+        finally:
+            self.running.discard(rid)
+            if not finished:
+                self.aborted.append(rid)
+
+    def _outputs(self, request: GenerationRequest) -> list[EngineOutput]:
+        s, rid = self.script, request.request_id
+        n_audio = s.audio_chunks if request.want_audio else 0
+        outs: list[EngineOutput] = []
+        for i in range(max(len(s.texts), n_audio)):
+            if i < len(s.texts):
+                outs.append(TextDelta(rid, (i,), s.texts[i]))
+            if i < n_audio:
+                pcm = np.full(s.chunk_samples, 0.25 if i % 2 else -0.25, np.float32)
+                outs.append(AudioChunk(rid, i, pcm, SAMPLE_RATE))
+        usage = Usage(len(request.prompt.input_ids), len(s.texts), audio_frames=n_audio * 2)
+        outs.append(
+            Finished(rid, s.finish_reason, usage, error="boom" if s.finish_reason == "error" else None)
+        )  # type: ignore[arg-type]
+        return outs
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> EngineStats:
+        running = len(self.running)
+        stages = tuple(StageStats(name, 0, running, running, 7) for name in ("thinker", "talker", "code2wav"))
+        return EngineStats(stages=stages, active_requests=running)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeServer:
+    url: str
+    app: Any
+    engines: list[FakeEngine]
+
+    @property
+    def engine(self) -> FakeEngine:
+        return self.engines[0]
+
+    def count(self, status: str) -> float:
+        """Current value of omnivoice_requests_total{status=...}."""
+        return self.app.state.metrics.registry.get_sample_value(
+            "omnivoice_requests_total", {"status": status}
+        )
+
+
+@contextmanager
+def serve_fake(
+    script: Script | None = None,
+    *,
+    server: dict | None = None,
+    wait_healthy: float | None = 30.0,
+    **factory: Any,
+) -> Iterator[FakeServer]:
+    """A real uvicorn server over a FakeEngine; `server` overrides keys of the profile's `server` section."""
+    profile = parse_profile({"server": server or {}})
+    engines: list[FakeEngine] = []
+    app = create_app(profile, FakeEngine.factory(script, engines=engines, **factory))
+    with serve(app, wait_healthy=wait_healthy) as url:
+        yield FakeServer(url, app, engines)
