@@ -40,7 +40,9 @@ class ThinkerRunner:
         self.spec = spec
         self.cfg = cfg
         self.device = device
-        self.stack = DecoderStack(thinker.model.language_model, multimodal_rope=True)
+        # transformers 5.2x wraps the text model as `model.language_model`; 5.17 (the H200 image) does not
+        text_model = thinker.model.language_model if hasattr(thinker.model, "language_model") else thinker.model
+        self.stack = DecoderStack(text_model, multimodal_rope=True)
         self.embed = thinker.get_input_embeddings()
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, thinker.dtype, device)
         self.waiting: deque[GenerationRequest] = deque()
