@@ -107,7 +107,7 @@ async def _prepare(
         want_audio=turn.want_audio,
         voice=voice,
         thinker=_thinker_sampling(req, profile),
-        talker=_sampling(profile.stages.talker.sampling, seed=req.seed),
+        talker=_talker_sampling(req, profile),
     )
     return req, gen, turn
 
@@ -122,13 +122,29 @@ def _build_prompt(engine: Any, req: ChatRequest, profile: Profile) -> Any:
 
 def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
     d = profile.stages.thinker.sampling
+    max_tokens = req.max_text_tokens or d.max_tokens
+    min_tokens = max_tokens if req.ignore_eos else (req.min_tokens or 0)
+    if min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")
     return _sampling(
         d,
         seed=req.seed,
         temperature=d.temperature if req.temperature is None else req.temperature,
         top_p=d.top_p if req.top_p is None else req.top_p,
-        max_tokens=req.max_completion_tokens or req.max_tokens or d.max_tokens,
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
     )
+
+
+def _talker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
+    """The talker keeps the profile's sampling; a request may only narrow its frame budget."""
+    d = profile.stages.talker.sampling
+    max_frames = req.max_audio_frames or d.max_tokens
+    if max_frames > d.max_tokens:
+        message = f"max_audio_frames is at most {d.max_tokens} on this server"
+        raise bad_request(message, param="max_audio_frames")
+    min_frames = min(req.min_audio_frames or 0, max_frames)
+    return _sampling(d, seed=req.seed, max_tokens=max_frames, min_tokens=min_frames)
 
 
 def _sampling(d: Any, **overrides: Any) -> Sampling:

@@ -3,13 +3,15 @@
 Keys that OpenAI clients send and we don't use (`user`, `metadata`, `store`, `logprobs`, `name`,
 vLLM extras, ...) are tolerated; every key we act on is validated, and what this model cannot do
 (tool messages, images, video, n > 1) fails with a 400 naming the offending field.
+Extensions for fixed-length benchmarks: `min_tokens` and `ignore_eos` (as in vLLM) for the text,
+`min_audio_frames` / `max_audio_frames` for the talker's codec frames (12.5 per second of audio).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from omnivoice.audio import AudioDecodeError, decode_base64_audio
 from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
@@ -92,6 +94,11 @@ class ChatRequest(_Lenient):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
     n: int | None = None
+    # Fixed-length benchmarking: vLLM's `min_tokens` / `ignore_eos`, and omnivoice's codec-frame bounds.
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool = False
+    min_audio_frames: int | None = Field(None, ge=0)
+    max_audio_frames: int | None = Field(None, ge=1)
 
     @field_validator("modalities")
     @classmethod
@@ -106,6 +113,17 @@ class ChatRequest(_Lenient):
         if v not in (None, 1):
             raise ValueError("only n=1 is supported")
         return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ChatRequest:
+        lo, hi = self.min_audio_frames, self.max_audio_frames
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError("min_audio_frames must be <= max_audio_frames")
+        return self
+
+    @property
+    def max_text_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
     @property
     def output_modalities(self) -> frozenset[str]:

@@ -225,6 +225,33 @@ def test_sampling_and_modalities_reach_the_engine(client: httpx.Client, srv: Fak
     assert req.thinker.temperature == 0.0 and req.thinker.seed is None  # profile defaults
 
 
+def test_fixed_length_extensions(client: httpx.Client, srv: FakeServer) -> None:
+    body = {"max_tokens": 40, "min_tokens": 30, "min_audio_frames": 50, "max_audio_frames": 60}
+    assert post(client, messages=USER, **body).status_code == 200
+    req = srv.engine.requests[-1]
+    assert (req.thinker.min_tokens, req.thinker.max_tokens) == (30, 40)
+    assert (req.talker.min_tokens, req.talker.max_tokens) == (50, 60)
+    assert post(client, messages=USER, max_tokens=7, ignore_eos=True).status_code == 200
+    assert srv.engine.requests[-1].thinker.min_tokens == 7
+    assert post(client, messages=USER).status_code == 200
+    req = srv.engine.requests[-1]
+    assert (req.thinker.min_tokens, req.talker.min_tokens, req.talker.max_tokens) == (0, 0, 2048)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "needle"),
+    [
+        ({"max_tokens": 5, "min_tokens": 6}, "min_tokens", "exceeds max_tokens"),
+        ({"min_audio_frames": 9, "max_audio_frames": 8}, None, "min_audio_frames must be <="),
+        ({"max_audio_frames": 5000}, "max_audio_frames", "at most 2048"),
+        ({"min_tokens": -1}, "min_tokens", "greater than or equal to 0"),
+    ],
+)
+def test_fixed_length_errors(client: httpx.Client, body: dict, param: str | None, needle: str) -> None:
+    e = error(post(client, messages=USER, **body), 400)
+    assert e["param"] == param and needle in e["message"]
+
+
 def test_unknown_route_and_method(client: httpx.Client) -> None:
     assert error(client.get("/v1/nothing"), 404)["code"] == "not_found"
     assert error(client.get("/v1/chat/completions"), 405)["code"] == "method_not_allowed"

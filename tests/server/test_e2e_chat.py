@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 USER: list[Any] = [{"role": "user", "content": "hello there, tell me a story about the sea"}]
 # The random-weight talker rarely emits its end code: cap the frames so each request stays short.
 TALKER_FRAMES = 200
+# Enough text that the thinker is still writing when the first audio chunk is out: 4 frames are
+# ~64 talker + code-predictor steps, and the random thinker may stop early unless held by min_tokens.
+THINKER_TOKENS = 200
 
 
 def e2e_profile(tiny_checkpoint: Path) -> Profile:
@@ -69,7 +72,8 @@ def app_of(server: ServerThread) -> Any:
 
 def test_streaming_audio_starts_before_the_text_ends(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="omnivoice", messages=USER, max_tokens=64, stream=True, stream_options={"include_usage": True},
+        model="omnivoice", messages=USER, max_tokens=THINKER_TOKENS, stream=True,
+        stream_options={"include_usage": True}, extra_body={"min_tokens": THINKER_TOKENS},
         modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
     )  # fmt: skip
     order, pcm, finish, usage = [], b"", None, None
@@ -89,10 +93,11 @@ def test_streaming_audio_starts_before_the_text_ends(client: openai.OpenAI) -> N
         finish = chunk.choices[0].finish_reason or finish
     assert "text" in order and "audio" in order
     last_text = len(order) - 1 - order[::-1].index("text")
-    assert order.index("audio") < last_text, "audio should start while the thinker is still writing"
+    first_audio = order.index("audio")
+    assert first_audio < last_text, f"first audio at chunk {first_audio}, last text at {last_text}: {order}"
     assert finish in ("stop", "length")
     assert len(pcm) > 0 and len(pcm) % 2 == 0
-    assert usage is not None and 0 < usage.completion_tokens <= 64
+    assert usage is not None and usage.completion_tokens == THINKER_TOKENS
 
 
 def test_non_streaming_audio_is_a_decodable_wav(client: openai.OpenAI) -> None:
