@@ -14,21 +14,12 @@ import sys
 from collections.abc import Sequence
 
 from omnivoice.config import ProfileError, load_profile
+from omnivoice.logs import configure_logging
 
 log = logging.getLogger("omnivoice")
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_USAGE = 2
-
-
-def configure_logging(level: str) -> None:
-    """Configure the root logger once, for the whole process (uvicorn's loggers propagate to it)."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        force=True,
-    )
 
 
 def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:

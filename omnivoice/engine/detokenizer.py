@@ -20,6 +20,8 @@ class IncrementalDetokenizer:
         return len(self._ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self._tok is None:  # a model without a tokenizer (dummy): ids are counted, no text
+            return ""
         return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def add(self, token_ids: tuple[int, ...] | list[int]) -> str:

@@ -32,6 +32,7 @@ from omnivoice.engine.types import (
     TextDelta,
     Usage,
 )
+from omnivoice.models.dummy import DummySource, dummy_spec, parse_source
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 
@@ -66,7 +67,12 @@ class _RequestState:
 
 class Engine:
     def __init__(
-        self, profile: Profile, spec: ModelSpec, builder: PromptBuilder, tokenizer, pipeline: Pipeline
+        self,
+        profile: Profile,
+        spec: ModelSpec,
+        builder: PromptBuilder | None,
+        tokenizer,
+        pipeline: Pipeline,
     ):
         self.profile = profile
         self.spec = spec
@@ -90,23 +96,36 @@ class Engine:
         self._dispatcher.start()
 
     @classmethod
-    async def start(cls, profile: Profile) -> Engine:
-        return await asyncio.to_thread(cls.start_sync, profile)
+    async def start(cls, profile: Profile, source: Path | DummySource | None = None) -> Engine:
+        return await asyncio.to_thread(cls.start_sync, profile, source)
 
     @classmethod
-    def start_sync(cls, profile: Profile) -> Engine:
-        path = resolve_model_path(profile)
-        tokenizer, feature_extractor = load_processor_parts(path)
-        spec = ModelSpec.from_pretrained(path)
-        builder = PromptBuilder(
-            tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
-        )
+    def start_sync(cls, profile: Profile, source: Path | DummySource | None = None) -> Engine:
+        """Start the stages of `profile` on `source` (default: the profile's model.path)."""
+        path = resolve_model_path(profile) if source is None else source
+        builder: PromptBuilder | None = None
+        tokenizer = None
+        if isinstance(path, DummySource):  # no tokenizer: callers send token ids (Prompt) directly
+            spec = dummy_spec(path)
+        else:
+            tokenizer, feature_extractor = load_processor_parts(path)
+            spec = ModelSpec.from_pretrained(path)
+            builder = PromptBuilder(
+                tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
+            )
         log.info("starting stages for %s", path)
         pipeline = Pipeline.start(profile, path)
         log.info("all stages ready")
         return cls(profile, spec, builder, tokenizer, pipeline)
 
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer; None for a dummy model (requests then carry token ids)."""
+        return self._tokenizer
+
     def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
+        if self._builder is None:
+            raise RuntimeError(f"{self.profile.model.path} has no tokenizer: submit token ids instead")
         return self._builder.build(messages, self.profile.model.system_prompt)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
@@ -234,9 +253,12 @@ class Engine:
         )
 
 
-def resolve_model_path(profile: Profile) -> Path:
-    """The checkpoint to serve: the profile's path, or the embedded tiny default (built on first use)."""
+def resolve_model_path(profile: Profile) -> Path | DummySource:
+    """The model to serve: the profile's checkpoint or dummy model, else the tiny default (built once)."""
     if profile.model.path is not None:
+        dummy = parse_source(profile.model.path)
+        if dummy is not None:
+            return dummy
         path = Path(profile.model.path).expanduser()
         if not (path / "config.json").is_file():
             raise FileNotFoundError(

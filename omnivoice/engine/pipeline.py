@@ -13,12 +13,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import Shutdown, StageName
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
+
+if TYPE_CHECKING:
+    from omnivoice.models.dummy import DummySource
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,13 @@ class PipelineStartError(RuntimeError):
 
 
 def _stage_process_main(
-    name: StageName, profile: Profile, model_path: str, inbox: Any, downstream: Any, engine: Any, parent: int
+    name: StageName,
+    profile: Profile,
+    model_path: Path | DummySource,
+    inbox: Any,
+    downstream: Any,
+    engine: Any,
+    parent: int,
 ) -> None:
     from omnivoice.runners.factory import build_runners
 
@@ -38,7 +47,7 @@ def _stage_process_main(
         level=profile.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        runner = build_runners(profile, Path(model_path), only=(name,))[name]
+        runner = build_runners(profile, model_path, only=(name,))[name]
     except Exception as e:  # report, so the engine fails fast instead of waiting
         log.exception("%s stage failed to start", name)
         engine.put(StageCrashed(name, repr(e)))
@@ -54,7 +63,7 @@ class Pipeline:
     processes: list[Any] = field(default_factory=list)
 
     @classmethod
-    def start(cls, profile: Profile, model_path: Path, timeout: float = 600.0) -> Pipeline:
+    def start(cls, profile: Profile, model_path: Path | DummySource, timeout: float = 600.0) -> Pipeline:
         use_processes = any(profile.stages.stage(s).worker == "process" for s in STAGES)
         ctx = mp.get_context("spawn")
 
@@ -83,7 +92,7 @@ class Pipeline:
                 continue
             p = ctx.Process(
                 target=_stage_process_main,
-                args=(s, profile, str(model_path), inboxes[s], downstream[s], pipe.engine_inbox, os.getpid()),
+                args=(s, profile, model_path, inboxes[s], downstream[s], pipe.engine_inbox, os.getpid()),
                 name=f"omnivoice-{s}",
                 daemon=True,
             )

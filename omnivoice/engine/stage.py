@@ -81,6 +81,7 @@ class StageWorker:
         self.downstream = downstream
         self.engine = engine
         self._last_stats = 0.0
+        self._sent_stats: StageStats | None = None
         # Requests aborted here recently: messages already in flight for them (from the upstream
         # stage, sent before it saw the abort) must not start them again.
         self._aborted: OrderedDict[str, None] = OrderedDict()
@@ -153,10 +154,15 @@ class StageWorker:
                 raise TypeError(f"{self.runner.name} produced an unroutable {type(out).__name__}")
 
     def _publish_stats(self) -> None:
+        # Periodically while busy; at once when something changed and the stage went idle, so
+        # readers never see finished requests as still running.
         now = time.monotonic()
-        if now - self._last_stats >= STATS_INTERVAL_S:
+        stats = self.runner.stats()
+        idle_change = not self.runner.has_work() and stats != self._sent_stats
+        if idle_change or now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
-            self.engine.put(self.runner.stats())
+            self._sent_stats = stats
+            self.engine.put(stats)
 
 
 def _request_id(msg: Any) -> str:

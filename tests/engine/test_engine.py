@@ -37,7 +37,10 @@ def profile_for(checkpoint: Path, worker: str = "thread", left_context: int = 25
             "stages": {
                 "thinker": stage,
                 "talker": stage,
-                "code2wav": {**stage, "chunk": {"first_frames": 4, "frames": 25, "left_context": left_context}},
+                "code2wav": {
+                    **stage,
+                    "chunk": {"first_frames": 4, "frames": 25, "left_context": left_context},
+                },
             },
         }
     )
@@ -124,7 +127,9 @@ async def test_concurrent_requests_match_transformers_generate(engine: Engine, r
     assert max(s.last_batch_size for s in st.stages if s.name == "talker") >= 1
 
 
-async def test_long_left_context_makes_streamed_audio_equal_full_decode(tiny_checkpoint, reference_model) -> None:
+async def test_long_left_context_makes_streamed_audio_equal_full_decode(
+    tiny_checkpoint, reference_model
+) -> None:
     eng = await Engine.start(profile_for(tiny_checkpoint, left_context=200))
     try:
         req = request(eng, 0)
