@@ -34,6 +34,11 @@ class ChunkConfig(_Strict):
     first_frames: int = Field(4, ge=1, description="frames in the first chunk (small: fast first audio)")
     frames: int = Field(25, ge=1, description="frames in every later chunk")
     left_context: int = Field(25, ge=0, description="frames of left context decoded and discarded")
+    ramp: bool = Field(
+        True,
+        description="double the chunk size after the first (4, 8, 16, 25, 25...) so the second chunk "
+        "arrives before the first has played out; false: first_frames, then frames",
+    )
 
 
 class StageConfig(_Strict):

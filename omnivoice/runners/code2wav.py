@@ -71,7 +71,12 @@ class Code2WavRunner:
 
     def _target(self, st: _Stream) -> int:
         """End frame of the next chunk, or 0 if it cannot be decoded yet."""
-        size = self.chunk.first_frames if st.chunks == 0 else self.chunk.frames
+        c = self.chunk
+        size = (
+            min(c.frames, c.first_frames * 2**st.chunks)
+            if c.ramp
+            else (c.first_frames if st.chunks == 0 else c.frames)
+        )
         if st.total - st.decoded_to >= size:
             return st.decoded_to + size
         if st.finished:
