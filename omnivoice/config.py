@@ -106,9 +106,19 @@ class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class RealtimeConfig(_Strict):
+    """`/v1/realtime` sessions: limits and output pacing."""
+
+    max_sessions: int = Field(32, ge=1, description="open WebSocket sessions at once")
+    max_buffer_seconds: float = Field(60.0, gt=0, description="input audio buffer per session")
+    idle_timeout_s: float = Field(600.0, gt=0, description="close a session this long without events")
+    max_audio_ahead_ms: int = Field(1000, ge=0, description="audio sent ahead of real-time playback")
+
+
 class Profile(_Strict):
     model: ModelConfig = ModelConfig()
     server: ServerConfig = ServerConfig()
+    realtime: RealtimeConfig = RealtimeConfig()
     stages: StagesConfig = StagesConfig()
 
     @model_validator(mode="after")

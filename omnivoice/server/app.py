@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnivoice.config import Profile
@@ -27,6 +27,8 @@ from omnivoice.server.chat import chat_completions
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.metrics import Metrics
+from omnivoice.server.realtime.connection import realtime_endpoint
+from omnivoice.server.realtime.service import RealtimeService
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("omnivoice.access")
@@ -59,6 +61,7 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
             Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
+            WebSocketRoute("/v1/realtime", realtime_endpoint),
         ],
         middleware=[Middleware(RequestContextMiddleware)],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
@@ -68,6 +71,7 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
     app.state.created = int(time.time())
     app.state.lifecycle = lifecycle
     app.state.admission = admission
+    app.state.realtime = RealtimeService(profile.realtime)
     app.state.metrics = Metrics(in_flight=lambda: admission.in_flight, engine_stats=lifecycle.stats)
     return app
 

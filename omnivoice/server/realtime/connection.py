@@ -1,0 +1,111 @@
+"""`GET /v1/realtime`: one WebSocket, one session. Admission, the read loop, idle timeout, clean-up.
+
+Everything the connection holds (its session slot, the in-flight response in every engine stage,
+the writer task) is released in `finally`, however the connection ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from omnivoice.server.errors import APIError
+from omnivoice.server.realtime.conversation import new_id
+from omnivoice.server.realtime.outbox import Outbox
+from omnivoice.server.realtime.server_events import error
+from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
+from omnivoice.server.realtime.session import Session
+
+log = logging.getLogger(__name__)
+
+CLOSE_TRY_AGAIN = 1013
+
+
+async def realtime_endpoint(websocket: WebSocket) -> None:
+    state = websocket.app.state
+    service: RealtimeService = state.realtime
+    offered = websocket.scope.get("subprotocols") or []
+    await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+    sid = new_id("sess")
+    beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
+    outbox = Outbox(websocket, sid, beta)
+    writer = asyncio.create_task(outbox.run(), name=f"realtime-writer-{sid}")
+    session: Session | None = None
+    reserved = False
+    code = 1000
+    try:
+        try:
+            engine = state.lifecycle.require()
+            service.reserve()
+            reserved = True
+        except (APIError, SessionLimitReached) as e:
+            kind = "session_limit_reached" if isinstance(e, SessionLimitReached) else "service_unavailable"
+            log.info("session %s refused: %s", sid, e)
+            outbox.put(error(str(getattr(e, "message", e)), kind, type_="server_error"))
+            code = CLOSE_TRY_AGAIN
+            return
+        session = Session(
+            sid, engine, outbox, await service.vad(), profile=state.profile, admission=state.admission
+        )
+        service.sessions[sid] = session
+        log.info(
+            "session %s opened (model=%s, %s protocol)",
+            sid,
+            websocket.query_params.get("model"),
+            "beta" if beta else "GA",
+        )
+        session.start()
+        await _read_loop(websocket, session, service.config.idle_timeout_s)
+    except WebSocketDisconnect:
+        pass
+    except Exception:
+        log.exception("session %s failed", sid)
+        code = 1011
+    finally:
+        if session is not None:
+            await session.close()  # aborts the in-flight response in every stage
+        if reserved:
+            service.release(sid)
+        await _close(websocket, outbox, writer, code)
+        log.info("session %s closed", sid)
+
+
+async def _read_loop(websocket: WebSocket, session: Session, idle_timeout_s: float) -> None:
+    last = time.monotonic()
+    while True:
+        wait = idle_timeout_s - (time.monotonic() - last)
+        try:
+            message = await asyncio.wait_for(websocket.receive(), timeout=max(wait, 0.001))
+        except TimeoutError:
+            if session.busy:  # the client is listening to a response
+                last = time.monotonic()
+                continue
+            session.outbox.put(
+                error(f"the session was idle for {idle_timeout_s:g} s and is closed", "session_idle_timeout")
+            )
+            return
+        if message["type"] == "websocket.disconnect":
+            return
+        last = time.monotonic()
+        data = message.get("text")
+        if data is None:
+            data = message.get("bytes") or b""
+        await session.handle(data)
+
+
+async def _close(websocket: WebSocket, outbox: Outbox, writer: asyncio.Task[None], code: int) -> None:
+    outbox.close()
+    try:
+        await asyncio.wait_for(writer, timeout=2.0)  # flush the last events (e.g. the reason for closing)
+    except (TimeoutError, Exception):
+        writer.cancel()
+    if (
+        websocket.client_state == WebSocketState.CONNECTED
+        and websocket.application_state == WebSocketState.CONNECTED
+    ):
+        with contextlib.suppress(Exception):  # the client is already gone
+            await websocket.close(code)

@@ -1,0 +1,115 @@
+"""The conversation of one session: ordered items, and the chat history they feed the thinker.
+
+User audio is kept as 16 kHz float32 PCM and replayed to the thinker as audio on every turn;
+assistant turns are replayed as their (possibly truncated) transcript.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
+from omnivoice.server.realtime.ledger import AudioLedger
+
+INPUT_RATE = 16000  # the thinker's audio encoder rate; user audio is stored at it
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class Content:
+    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    text: str | None = None
+    audio: np.ndarray | None = None  # input_audio: 16 kHz float32
+    transcript: str | None = None
+
+    def wire(self) -> dict[str, Any]:
+        if self.type in ("input_text", "output_text"):
+            return {"type": self.type, "text": self.text or ""}
+        return {"type": self.type, "transcript": self.transcript}
+
+
+@dataclass
+class Item:
+    id: str
+    role: Literal["user", "assistant", "system"]
+    content: list[Content] = field(default_factory=list)
+    status: Literal["completed", "in_progress", "incomplete"] = "completed"
+    ledger: AudioLedger | None = None  # assistant audio items
+
+    def wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "realtime.item",
+            "type": "message",
+            "status": self.status,
+            "role": self.role,
+            "content": [c.wire() for c in self.content],
+        }
+
+    def message(self) -> ChatMessage | None:
+        """This item as a thinker chat message; None when it has nothing to say."""
+        parts: list[TextPart | AudioPart] = []
+        for c in self.content:
+            if c.type == "input_audio" and c.audio is not None and c.audio.size:
+                parts.append(AudioPart(c.audio, INPUT_RATE))
+            elif c.type == "input_audio" and c.transcript:
+                parts.append(TextPart(c.transcript))
+            elif c.text or c.transcript:
+                parts.append(TextPart(c.text or c.transcript or ""))
+        return ChatMessage(self.role, tuple(parts)) if parts else None
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(c.audio.size for c in self.content if c.audio is not None) / INPUT_RATE
+
+
+class Conversation:
+    """Items in order, by id."""
+
+    def __init__(self) -> None:
+        self.items: list[Item] = []
+
+    def get(self, item_id: str) -> Item | None:
+        return next((i for i in self.items if i.id == item_id), None)
+
+    def last_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def insert(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Insert after `previous_item_id` ("root" for the start), else at the end; returns the previous id.
+
+        Raises KeyError when `previous_item_id` names no item, ValueError when `item.id` is taken.
+        """
+        if self.get(item.id) is not None:
+            raise ValueError(item.id)
+        if previous_item_id is None:
+            prev = self.last_id()
+            self.items.append(item)
+            return prev
+        if previous_item_id == "root":
+            self.items.insert(0, item)
+            return None
+        index = next((n for n, i in enumerate(self.items) if i.id == previous_item_id), None)
+        if index is None:
+            raise KeyError(previous_item_id)
+        self.items.insert(index + 1, item)
+        return previous_item_id
+
+    def delete(self, item_id: str) -> bool:
+        before = len(self.items)
+        self.items = [i for i in self.items if i.id != item_id]
+        return len(self.items) < before
+
+    def messages(self, instructions: str | None, skip_oldest: int = 0) -> list[ChatMessage]:
+        """The history as chat messages, without its `skip_oldest` oldest items; instructions first."""
+        out = [m for i in self.items[skip_oldest:] if (m := i.message()) is not None]
+        if instructions:
+            out.insert(0, ChatMessage("system", (TextPart(instructions),)))
+        return out

@@ -1,0 +1,114 @@
+"""The input audio buffer and server-side turn detection over Silero VAD probabilities.
+
+Positions are absolute sample indices at 16 kHz since the session's first appended audio, so the
+`audio_start_ms` / `audio_end_ms` of speech events count from the start of the session's audio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from omnivoice.audio.vad import FRAME
+from omnivoice.server.realtime.session_config import TurnDetection
+
+RATE = 16000
+MIN_SPEECH_FRAMES = 2  # consecutive speech frames (64 ms) before speech starts: a click is not a turn
+NEG_THRESHOLD_GAP = 0.15  # silence is prob < threshold - gap (hysteresis, as silero's own code)
+
+
+class BufferFull(Exception):
+    pass
+
+
+class InputBuffer:
+    """Audio appended since the last commit/clear, bounded at `max_samples`."""
+
+    def __init__(self, max_samples: int) -> None:
+        self.max_samples = max_samples
+        self.start = 0  # absolute position of the first held sample
+        self.end = 0  # absolute position after the last appended sample
+        self._chunks: list[np.ndarray] = []
+
+    @property
+    def samples(self) -> int:
+        return self.end - self.start
+
+    def append(self, pcm: np.ndarray) -> None:
+        if self.samples + pcm.size > self.max_samples:
+            raise BufferFull
+        if pcm.size:
+            self._chunks.append(pcm)
+            self.end += pcm.size
+
+    def _all(self) -> np.ndarray:
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        return self._chunks[0] if self._chunks else np.zeros(0, np.float32)
+
+    def take(self, start: int, end: int) -> np.ndarray:
+        """Audio in [start, end) (clipped to what is held); everything before `end` is dropped."""
+        start, end = max(start, self.start), min(end, self.end)
+        data = self._all()
+        out = data[start - self.start : end - self.start].copy() if end > start else np.zeros(0, np.float32)
+        self.trim(end)
+        return out
+
+    def trim(self, keep_from: int) -> None:
+        """Drop audio before `keep_from`."""
+        cut = min(max(keep_from, self.start), self.end) - self.start
+        if cut > 0:
+            self._chunks = [self._all()[cut:]]
+            self.start += cut
+
+    def clear(self) -> None:
+        self._chunks = []
+        self.start = self.end
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    position: int  # first sample of the speech (before prefix padding)
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    position: int  # end of the silence that ended the turn
+
+
+class TurnDetector:
+    """server_vad: speech starts after MIN_SPEECH_FRAMES frames at or above `threshold` and stops after
+    `silence_duration_ms` of frames below `threshold - 0.15`; frames in between keep the state."""
+
+    def __init__(self, td: TurnDetection, position: int = 0) -> None:
+        self.td = td
+        self.speaking = False
+        self.next_frame = position  # absolute position of the next frame to score
+        self._run = 0  # consecutive speech frames while idle
+        self._silence = 0  # consecutive silent frames while speaking
+        self._silence_frames = max(1, -(-td.silence_duration_ms * RATE // 1000 // FRAME))
+
+    def update(self, probs: list[float]) -> list[SpeechStarted | SpeechStopped]:
+        events: list[SpeechStarted | SpeechStopped] = []
+        low = max(0.01, self.td.threshold - NEG_THRESHOLD_GAP)
+        for p in probs:
+            frame_start = self.next_frame
+            self.next_frame += FRAME
+            if not self.speaking:
+                self._run = self._run + 1 if p >= self.td.threshold else 0
+                if self._run >= MIN_SPEECH_FRAMES:
+                    self.speaking, self._silence = True, 0
+                    events.append(SpeechStarted(frame_start - (MIN_SPEECH_FRAMES - 1) * FRAME))
+            elif p >= self.td.threshold:
+                self._silence = 0
+            elif p < low:
+                self._silence += 1
+                if self._silence >= self._silence_frames:
+                    self.speaking, self._run = False, 0
+                    events.append(SpeechStopped(self.next_frame))
+        return events
+
+    def reset(self, position: int) -> None:
+        self.speaking, self._run, self._silence = False, 0, 0
+        self.next_frame = position

@@ -1,0 +1,79 @@
+"""What a response should produce: the session settings, overridden by `response.create`'s `response`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from omnivoice.engine.types import Sampling
+from omnivoice.server.realtime.protocol import ProtocolError, ResponseParams
+from omnivoice.server.realtime.response import ResponsePlan
+from omnivoice.server.realtime.session_config import FormatParam, SettingsError, resolve_format, resolve_voice
+
+if TYPE_CHECKING:
+    from omnivoice.server.realtime.session import Session
+
+
+def plan_response(session: Session, r: ResponseParams | None, event_id: str | None) -> ResponsePlan:
+    s, stages, info = session.settings, session.profile.stages, session.engine.info
+    r = r or ResponseParams()
+    if r.input is not None or r.tools:
+        raise ProtocolError("response.input and tools are not supported", "unsupported", "response", event_id)
+    if r.conversation not in (None, "auto", "none"):
+        raise ProtocolError(
+            "response.conversation must be 'auto' or 'none'",
+            "invalid_value",
+            "response.conversation",
+            event_id,
+        )
+    out = (r.audio or {}).get("output") or {}
+    voice = s.voice
+    if out.get("voice") or r.voice:
+        try:
+            voice = resolve_voice(
+                out.get("voice") or r.voice, info.voices, info.default_voice, "response.audio.output.voice"
+            )
+        except SettingsError as err:
+            raise ProtocolError(str(err), "invalid_value", err.param, event_id) from None
+    fmt = s.output_format
+    if out.get("format") or r.output_audio_format:
+        fmt = resolve_format(_format_param(out.get("format") or r.output_audio_format, event_id), fmt)
+    modalities = r.output_modalities or r.modalities or list(s.output_modalities)
+    tokens = r.max_output_tokens or r.max_response_output_tokens or s.max_output_tokens
+    d = stages.thinker.sampling
+    max_tokens = d.max_tokens if tokens in (None, "inf") else min(int(tokens), stages.thinker.max_seq_len)
+    thinker = Sampling(
+        d.temperature,
+        d.top_p,
+        d.top_k,
+        d.repetition_penalty,
+        max_tokens,
+        min(s.min_output_tokens or 0, max_tokens),
+    )
+    t = stages.talker.sampling
+    talker = Sampling(t.temperature, t.top_p, t.top_k, t.repetition_penalty, t.max_tokens)
+    if s.output_audio_frames:  # a talker max of M gives M - 1 frames
+        talker = replace(talker, max_tokens=s.output_audio_frames + 1, min_tokens=s.output_audio_frames + 1)
+    return ResponsePlan(
+        voice=voice,
+        output_format=fmt,
+        want_audio="audio" in modalities,
+        instructions=r.instructions if r.instructions is not None else s.instructions,
+        thinker=thinker,
+        talker=talker,
+        in_conversation=r.conversation != "none",
+        metadata=r.metadata,
+    )
+
+
+def _format_param(value: Any, event_id: str | None) -> FormatParam | str:
+    if isinstance(value, str) and value in ("pcm16", "g711_ulaw", "g711_alaw"):
+        return value
+    try:
+        return FormatParam.model_validate(value)
+    except ValidationError:
+        raise ProtocolError(
+            "invalid audio output format", "invalid_value", "response.audio.output.format", event_id
+        ) from None

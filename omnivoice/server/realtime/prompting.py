@@ -1,0 +1,31 @@
+"""The thinker prompt of a response: the conversation history, oldest items dropped until it fits."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from omnivoice.engine.types import ChatMessage, Prompt
+from omnivoice.server.realtime.conversation import Conversation
+
+
+async def build_prompt(
+    engine: Any, conversation: Conversation, instructions: str | None
+) -> tuple[Prompt, list[ChatMessage]] | str:
+    """The prompt and the messages it holds, or a user-facing reason why there is none.
+
+    Audio feature extraction is CPU work, so prompts are built in a worker thread. When the history
+    is longer than the thinker's context, the oldest items are left out ("truncation": "auto").
+    """
+    limit = engine.info.max_prompt_tokens
+    for skip in range(max(1, len(conversation.items))):
+        messages = conversation.messages(instructions, skip)
+        if not messages:
+            return "the conversation is empty: add an item or set instructions first"
+        try:
+            prompt = await asyncio.to_thread(engine.build_prompt, messages)
+        except ValueError as e:  # the prompt builder's PromptError: a user-facing message
+            return str(e)
+        if len(prompt.input_ids) <= limit:
+            return prompt, messages
+    return f"the latest conversation item alone is longer than the model's context ({limit} tokens)"

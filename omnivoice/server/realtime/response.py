@@ -1,0 +1,293 @@
+"""One response: build the prompt from the history, run the engine, stream the events, paced.
+
+Audio deltas leave as soon as each Code2Wav chunk is decoded, cut into pieces of at most DELTA_MS,
+and never more than `ahead_s` ahead of real-time playback, so a barge-in leaves little queued.
+Cancelling the response's task aborts the engine request in every stage (closing its iterator),
+drops the deltas still queued, and ends the response with status `cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omnivoice.audio.formats import AudioFormat
+from omnivoice.audio.resample import StreamResampler
+from omnivoice.engine.types import AudioChunk, ChatMessage, Finished, GenerationRequest, Sampling, TextDelta
+from omnivoice.server.realtime.conversation import Content, Conversation, Item, new_id
+from omnivoice.server.realtime.ledger import AudioLedger
+from omnivoice.server.realtime.outbox import Outbox
+from omnivoice.server.realtime.prompting import build_prompt
+from omnivoice.server.realtime.server_events import format_object, usage_object
+
+log = logging.getLogger(__name__)
+
+DELTA_MS = 200
+
+
+@dataclass(frozen=True)
+class ResponsePlan:
+    """What one response should produce, resolved from the session settings and `response.create`."""
+
+    voice: str
+    output_format: AudioFormat
+    want_audio: bool
+    instructions: str | None
+    thinker: Sampling
+    talker: Sampling
+    in_conversation: bool = True
+    metadata: dict[str, str] | None = None
+
+
+class Pacer:
+    """Holds audio back so that at most `ahead_s` seconds are queued beyond real-time playback."""
+
+    def __init__(self, ahead_s: float) -> None:
+        self.ahead_s = ahead_s
+        self._start: float | None = None
+        self._queued_s = 0.0
+
+    async def wait(self, seconds: float) -> None:
+        """Call before sending `seconds` more audio."""
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+        lead = self._queued_s - (now - self._start)
+        if lead < 0:  # the player ran dry (generation was slower): it restarts at this chunk
+            self._start -= lead
+            lead = 0.0
+        if lead > self.ahead_s:
+            await asyncio.sleep(lead - self.ahead_s)
+        self._queued_s += seconds
+
+
+class Response:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        engine: Any,
+        outbox: Outbox,
+        conversation: Conversation,
+        plan: ResponsePlan,
+        resampler: StreamResampler,
+        ahead_s: float,
+        on_done: Callable[[Response], None],
+    ) -> None:
+        self.id = new_id("resp")
+        self.session_id = session_id
+        self.plan = plan
+        self.status = "in_progress"
+        self.status_details: dict[str, Any] | None = None
+        self.cancel_reason = "client_cancelled"
+        self.messages: list[ChatMessage] = []  # the history this response was prompted with
+        self.usage = None
+        self.item: Item | None = None
+        self._engine = engine
+        self._outbox = outbox
+        self._conversation = conversation
+        self._resampler = resampler
+        self._pacer = Pacer(ahead_s)
+        self._on_done = on_done
+        self._transcript = ""
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run(), name=f"response-{self.id}")
+
+    async def cancel(self, reason: str) -> None:
+        """Cancel (if still running) and wait until `response.done` is queued."""
+        self.cancel_reason = reason
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.wait([self.task])
+
+    async def run(self) -> None:
+        self._emit("response.created")
+        try:
+            await self._generate()
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            self.status, self.status_details = (
+                "cancelled",
+                {"type": "cancelled", "reason": self.cancel_reason},
+            )
+            dropped = self._outbox.drop(
+                lambda e: e.get("response_id") != self.id or not e["type"].endswith(".delta")
+            )
+            self._resampler.reset()
+            log.info(
+                "session %s: response %s cancelled (%s); %d queued deltas dropped",
+                self.session_id,
+                self.id,
+                self.cancel_reason,
+                dropped,
+            )
+        except Exception as e:
+            log.exception("session %s: response %s failed", self.session_id, self.id)
+            self._fail("server_error", "internal_error", f"the response failed: {type(e).__name__}")
+        finally:
+            self._finish()
+
+    async def _generate(self) -> None:
+        plan = self.plan
+        built = await build_prompt(self._engine, self._conversation, plan.instructions)
+        if isinstance(built, str):
+            self._fail("invalid_request_error", "context_length_exceeded", built)
+            return
+        prompt, self.messages = built
+        self._open_item()
+        request = GenerationRequest(
+            self.id,
+            prompt,
+            want_audio=plan.want_audio,
+            voice=plan.voice,
+            thinker=plan.thinker,
+            talker=plan.talker,
+        )
+        async with aclosing(self._engine.generate(request)) as outputs:  # leaving early aborts every stage
+            async for out in outputs:
+                if isinstance(out, TextDelta) and out.text:
+                    self._on_text(out.text)
+                elif isinstance(out, AudioChunk) and plan.want_audio:
+                    await self._send_audio(self._resampler.process(out.pcm))
+                elif isinstance(out, Finished):
+                    self.usage = out.usage
+                    self._on_finished(out)
+        if plan.want_audio and self.status == "completed":
+            await self._send_audio(self._resampler.flush())
+        if self.item is not None and self.item.ledger is not None:
+            self.item.ledger.complete = self.status == "completed"
+
+    def _open_item(self) -> None:
+        kind = "output_audio" if self.plan.want_audio else "output_text"
+        content = Content(kind, transcript="" if self.plan.want_audio else None, text=None)
+        ledger = AudioLedger(self.plan.output_format.sample_rate) if self.plan.want_audio else None
+        self.item = Item(new_id("item"), "assistant", [content], status="in_progress", ledger=ledger)
+        prev = None
+        if self.plan.in_conversation:
+            prev = self._conversation.insert(self.item)
+        ids = {"response_id": self.id}
+        self._outbox.put(
+            {"type": "response.output_item.added", **ids, "output_index": 0, "item": self.item.wire()}
+        )
+        if self.plan.in_conversation:
+            self._outbox.put(
+                {"type": "conversation.item.added", "previous_item_id": prev, "item": self.item.wire()}
+            )
+        part = {"type": kind, "transcript": ""} if self.plan.want_audio else {"type": kind, "text": ""}
+        self._outbox.put({"type": "response.content_part.added", **self._where(), "part": part})
+
+    def _where(self) -> dict[str, Any]:
+        assert self.item is not None
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+
+    def _on_text(self, text: str) -> None:
+        assert self.item is not None
+        self._transcript += text
+        if self.item.ledger is not None:
+            self.item.ledger.add_text(text)
+        kind = (
+            "response.output_audio_transcript.delta" if self.plan.want_audio else "response.output_text.delta"
+        )
+        self._outbox.put({"type": kind, **self._where(), "delta": text})
+
+    async def _send_audio(self, pcm: np.ndarray) -> None:
+        assert self.item is not None and self.item.ledger is not None
+        ledger, fmt = self.item.ledger, self.plan.output_format
+        ledger.generated += pcm.size
+        step = fmt.sample_rate * DELTA_MS // 1000
+        for start in range(0, pcm.size, step):
+            piece = pcm[start : start + step]
+            await self._pacer.wait(piece.size / fmt.sample_rate)
+            delta = base64.b64encode(fmt.encode(piece)).decode("ascii")
+            event = {"type": "response.output_audio.delta", **self._where(), "delta": delta}
+            self._outbox.put(event, on_sent=lambda n=piece.size: _count_sent(ledger, n))
+
+    def _on_finished(self, out: Finished) -> None:
+        if out.finish_reason == "stop":
+            self.status = "completed"
+        elif out.finish_reason == "length":
+            self.status = "incomplete"
+            self.status_details = {"type": "incomplete", "reason": "max_output_tokens"}
+        elif out.finish_reason == "abort":
+            self.status, self.status_details = (
+                "cancelled",
+                {"type": "cancelled", "reason": "client_cancelled"},
+            )
+        else:
+            log.warning("session %s: response %s: engine error: %s", self.session_id, self.id, out.error)
+            self._fail("server_error", "engine_error", out.error or "generation failed")
+
+    def _fail(self, type_: str, code: str, message: str) -> None:
+        self.status = "failed"
+        self.status_details = {"type": "failed", "error": {"type": type_, "code": code, "message": message}}
+
+    def _finish(self) -> None:
+        item = self.item
+        if item is not None:
+            self._close_item(item)
+        self._emit("response.done")
+        self._on_done(self)
+
+    def _close_item(self, item: Item) -> None:
+        content = item.content[0]
+        where = self._where()
+        item.status = "completed" if self.status == "completed" else "incomplete"
+        if self.plan.want_audio:
+            ledger = item.ledger
+            assert ledger is not None
+            content.transcript = (
+                self._transcript if item.status == "completed" else ledger.heard_transcript(ledger.sent_ms)
+            )
+            self._outbox.put({"type": "response.output_audio.done", **where})
+            self._outbox.put(
+                {"type": "response.output_audio_transcript.done", **where, "transcript": self._transcript}
+            )
+            part = {"type": "output_audio", "transcript": self._transcript}
+        else:
+            content.text = self._transcript
+            self._outbox.put({"type": "response.output_text.done", **where, "text": self._transcript})
+            part = {"type": "output_text", "text": self._transcript}
+        self._outbox.put({"type": "response.content_part.done", **where, "part": part})
+        self._outbox.put(
+            {
+                "type": "response.output_item.done",
+                "response_id": self.id,
+                "output_index": 0,
+                "item": item.wire(),
+            }
+        )
+        if self.plan.in_conversation:
+            self._outbox.put({"type": "conversation.item.done", "item": item.wire()})
+
+    def _emit(self, kind: str) -> None:
+        self._outbox.put({"type": kind, "response": self.wire()})
+
+    def wire(self) -> dict[str, Any]:
+        plan = self.plan
+        return {
+            "id": self.id,
+            "object": "realtime.response",
+            "status": self.status,
+            "status_details": self.status_details,
+            "output": [self.item.wire()] if self.item is not None else [],
+            "conversation_id": "auto" if plan.in_conversation else None,
+            "output_modalities": ["audio"] if plan.want_audio else ["text"],
+            "max_output_tokens": plan.thinker.max_tokens,
+            "audio": {"output": {"format": format_object(plan.output_format), "voice": plan.voice}},
+            "usage": usage_object(self.usage),
+            "metadata": plan.metadata,
+        }
+
+
+def _count_sent(ledger: AudioLedger, samples: int) -> None:
+    ledger.sent += samples

@@ -1,0 +1,305 @@
+"""One realtime session: the conversation, the input buffer, VAD, the in-flight response, and the
+handlers of the client's events. Created by the connection, one per WebSocket.
+
+Client events are handled one at a time, in order; only a response runs beside them (its own task).
+Handlers raise `ProtocolError` for bad input; `handle` turns it into an `error` event and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from omnivoice.audio.resample import StreamResampler
+from omnivoice.audio.vad import SileroVad, VadStream
+from omnivoice.audio.wav import AudioDecodeError
+from omnivoice.server.realtime import items
+from omnivoice.server.realtime import protocol as p
+from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Conversation, Item, new_id
+from omnivoice.server.realtime.input_audio import BufferFull, InputBuffer, SpeechStarted, TurnDetector
+from omnivoice.server.realtime.outbox import Outbox
+from omnivoice.server.realtime.planning import plan_response
+from omnivoice.server.realtime.response import Response, ResponsePlan
+from omnivoice.server.realtime.server_events import error, session_object
+from omnivoice.server.realtime.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
+
+log = logging.getLogger(__name__)
+
+MIN_COMMIT_MS = 100
+
+
+class Session:
+    def __init__(
+        self, session_id: str, engine: Any, outbox: Outbox, vad: SileroVad, *, profile: Any, admission: Any
+    ) -> None:
+        self.id = session_id
+        self.engine = engine
+        self.outbox = outbox
+        self.profile = profile
+        self._admission = admission
+        rt = profile.realtime
+        info = engine.info
+        self.settings = SessionSettings(voice=info.default_voice)
+        self.conversation = Conversation()
+        self.buffer = InputBuffer(int(rt.max_buffer_seconds * INPUT_RATE))
+        self._vad: VadStream = vad.stream()
+        self._detector = TurnDetector(self.settings.turn_detection) if self.settings.turn_detection else None
+        self._speech: tuple[str, int] | None = None  # (item id, audio start) of the turn being spoken
+        self._in = StreamResampler(self.settings.input_format.sample_rate, INPUT_RATE)
+        self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
+        self.response: Response | None = None
+        self._slot: Any = None
+        self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
+        self.last_response: Response | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.response is not None
+
+    def start(self) -> None:
+        self.outbox.put({"type": "session.created", "session": self._session_object()})
+
+    def _session_object(self) -> dict[str, Any]:
+        return session_object(self.settings, self.id, self.engine.info.served_name, self.outbox.beta)
+
+    async def handle(self, text: str | bytes) -> None:
+        """Handle one client event; bad input becomes an `error` event and the session goes on."""
+        event_id = None
+        try:
+            event = p.parse_client_event(text)
+            event_id = event.event_id
+            await self._dispatch(event)
+        except p.ProtocolError as e:
+            self.outbox.put(error(e.message, e.code, e.param, e.event_id or event_id))
+        except Exception:
+            log.exception("session %s: handling an event failed", self.id)
+            self.outbox.put(error("internal server error", "internal_error", None, event_id, "server_error"))
+
+    async def _dispatch(self, e: p.ClientEvent) -> None:
+        if isinstance(e, p.AudioAppend):
+            await self._append(e)
+        elif isinstance(e, p.SessionUpdate):
+            self._update(e)
+        elif isinstance(e, p.AudioCommit):
+            self._commit_manual(e)
+        elif isinstance(e, p.AudioClear):
+            self._clear()
+        elif isinstance(e, p.ResponseCreate):
+            self._create_response(e)
+        elif isinstance(e, p.ResponseCancel):
+            await self._cancel_response(e)
+        elif isinstance(e, p.OutputAudioClear):
+            self.outbox.drop(lambda ev: ev["type"] != "response.output_audio.delta")
+            self.outbox.put(
+                {"type": "output_audio_buffer.cleared", "response_id": self.response and self.response.id}
+            )
+        else:
+            items.handle(self, e)
+
+    # ---- session.update ------------------------------------------------------------------------
+    def _update(self, e: p.SessionUpdate) -> None:
+        try:
+            patch = SessionPatch.model_validate(e.session)
+        except ValidationError as err:
+            raise p.session_patch_error(err, e.event_id) from None
+        info = self.engine.info
+        try:
+            new = apply_patch(self.settings, patch, info.voices, info.default_voice)
+        except SettingsError as err:
+            raise p.ProtocolError(str(err), "invalid_value", err.param, e.event_id) from None
+        old, self.settings = self.settings, new
+        if new.input_format != old.input_format:
+            self._in = StreamResampler(new.input_format.sample_rate, INPUT_RATE)
+        if new.output_format != old.output_format:
+            self._out = StreamResampler(info.sample_rate, new.output_format.sample_rate)
+        if new.turn_detection != old.turn_detection:
+            position = self._detector.next_frame if self._detector else self.buffer.end
+            if self._detector is None:
+                self._vad.reset()
+            self._detector = TurnDetector(new.turn_detection, position) if new.turn_detection else None
+            self._speech = None
+        self.outbox.put({"type": "session.updated", "session": self._session_object()})
+
+    # ---- input audio ---------------------------------------------------------------------------
+    async def _append(self, e: p.AudioAppend) -> None:
+        fmt = self.settings.input_format
+        seconds = self.buffer.max_samples / INPUT_RATE
+        if len(e.audio) * 3 // 4 > int(fmt.sample_rate * fmt.bytes_per_sample * seconds):
+            message = f"the audio is longer than the input buffer's limit of {seconds:g} s"
+            raise p.ProtocolError(message, "input_audio_buffer_too_large", "audio", e.event_id)
+        pcm = self._in.process(self._decode(e.audio, e.event_id))
+        if self._detector is not None and not self._detector.speaking:
+            self.buffer.trim(self.buffer.end - self._keep_while_idle())
+        try:
+            self.buffer.append(pcm)
+        except BufferFull:
+            message = f"the input audio buffer is full ({seconds:g} s); commit or clear it"
+            raise p.ProtocolError(message, "input_audio_buffer_full", "audio", e.event_id) from None
+        if self._detector is not None and pcm.size:
+            probs = await asyncio.to_thread(self._vad.process, pcm)
+            for ev in self._detector.update(probs):
+                if isinstance(ev, SpeechStarted):
+                    await self._speech_started(ev.position)
+                else:
+                    self._speech_stopped(ev.position)
+
+    def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
+        try:
+            raw = base64.b64decode(audio, validate=True)
+            return self.settings.input_format.decode(raw)
+        except (binascii.Error, ValueError) as err:
+            message = str(err) if isinstance(err, AudioDecodeError) else "the audio is not valid base64"
+            raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
+
+    def _keep_while_idle(self) -> int:
+        td = self.settings.turn_detection
+        return int((td.prefix_padding_ms if td else 0) * INPUT_RATE / 1000) + 4 * 512
+
+    async def _speech_started(self, position: int) -> None:
+        td = self.settings.turn_detection
+        assert td is not None
+        start = max(self.buffer.start, position - td.prefix_padding_ms * INPUT_RATE // 1000)
+        self._speech = (new_id("item"), start)
+        self.outbox.put(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": start * 1000 // INPUT_RATE,
+                "item_id": self._speech[0],
+            }
+        )
+        if td.interrupt_response and self.response is not None:
+            await self.response.cancel("turn_detected")
+
+    def _speech_stopped(self, position: int) -> None:
+        if self._speech is None:
+            return
+        item_id, start = self._speech
+        self._speech = None
+        self.outbox.put(
+            {
+                "type": "input_audio_buffer.speech_stopped",
+                "audio_end_ms": position * 1000 // INPUT_RATE,
+                "item_id": item_id,
+            }
+        )
+        audio = self.buffer.take(start, position)
+        item = self._commit(item_id, audio)
+        td = self.settings.turn_detection
+        self._turn_ended(item, create_response=bool(td and td.create_response))
+
+    def _turn_ended(self, item: Item, create_response: bool) -> None:
+        """A user turn has ended (server VAD). The seam for early start: an engine that prefills while
+        the user speaks would be fed from `_append` and finish its prefill here."""
+        if not create_response:
+            return
+        if self.response is not None:
+            log.info("session %s: turn %s ended while a response runs; no new response", self.id, item.id)
+            return
+        self._start_response(plan_response(self, None, None))
+
+    def _commit_manual(self, e: p.AudioCommit) -> None:
+        pcm = self._in.flush()
+        if pcm.size:
+            self.buffer.append(pcm[: max(0, self.buffer.max_samples - self.buffer.samples)])
+        if self.buffer.samples * 1000 < MIN_COMMIT_MS * INPUT_RATE:
+            ms = self.buffer.samples * 1000 / INPUT_RATE
+            message = (
+                f"Error committing input audio buffer: buffer too small. Expected at least "
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio."
+            )
+            raise p.ProtocolError(message, "input_audio_buffer_commit_empty", None, e.event_id)
+        item_id = self._speech[0] if self._speech else new_id("item")
+        self._speech = None
+        audio = self.buffer.take(self.buffer.start, self.buffer.end)
+        if self._detector is not None:
+            self._detector.reset(self._detector.next_frame)
+        self._commit(item_id, audio)
+
+    def _commit(self, item_id: str, audio: np.ndarray) -> Item:
+        item = Item(item_id, "user", [Content("input_audio", audio=audio)])
+        prev = self.conversation.insert(item)
+        self.outbox.put(
+            {"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id}
+        )
+        self.outbox.put({"type": "conversation.item.added", "previous_item_id": prev, "item": item.wire()})
+        self.outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
+        return item
+
+    def _clear(self) -> None:
+        self.buffer.clear()
+        self._speech = None
+        self._in.reset()
+        self._vad.reset()
+        if self._detector is not None:
+            self._detector.reset(self.buffer.end)
+        self.outbox.put({"type": "input_audio_buffer.cleared"})
+
+    # ---- responses -----------------------------------------------------------------------------
+    def _create_response(self, e: p.ResponseCreate) -> None:
+        if self.response is not None:
+            message = f"Conversation already has an active response in progress: {self.response.id}."
+            raise p.ProtocolError(message, "conversation_already_has_active_response", None, e.event_id)
+        self._start_response(plan_response(self, e.response, e.event_id))
+
+    def _start_response(self, plan: ResponsePlan) -> None:
+        resampler = self._out
+        if plan.output_format.sample_rate != resampler.out_rate:  # a per-response format override
+            resampler = StreamResampler(self.engine.info.sample_rate, plan.output_format.sample_rate)
+        resampler.reset()
+        response = Response(
+            session_id=self.id,
+            engine=self.engine,
+            outbox=self.outbox,
+            conversation=self.conversation,
+            plan=plan,
+            resampler=resampler,
+            ahead_s=self.profile.realtime.max_audio_ahead_ms / 1000,
+            on_done=self._response_done,
+        )
+        try:
+            self._slot = self._admission.acquire()
+        except Exception as err:  # the server is at its request limit
+            response.status = "failed"
+            response.status_details = {
+                "type": "failed",
+                "error": {"type": "rate_limit_error", "code": "too_many_requests", "message": str(err)},
+            }
+            self.outbox.put({"type": "response.created", "response": response.wire()})
+            self.outbox.put({"type": "response.done", "response": response.wire()})
+            return
+        self.response = response
+        response.start()
+
+    def _response_done(self, response: Response) -> None:
+        if self.response is response:
+            self.response = None
+        self.last_response = response
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
+        item = response.item
+        if item is not None and item.id in self._deferred_truncates:
+            items.apply_truncate(self, item, self._deferred_truncates.pop(item.id))
+
+    def defer_truncate(self, item_id: str, audio_end_ms: float) -> None:
+        self._deferred_truncates[item_id] = audio_end_ms
+
+    async def _cancel_response(self, e: p.ResponseCancel) -> None:
+        r = self.response
+        if r is None or (e.response_id is not None and e.response_id != r.id):
+            what = f"response {e.response_id!r}" if e.response_id else "a response"
+            raise p.ProtocolError(
+                f"Cancellation failed: no active {what} found", "response_cancel_not_active", None, e.event_id
+            )
+        await r.cancel("client_cancelled")
+
+    async def close(self) -> None:
+        """The client left: abort the in-flight response in every stage."""
+        if self.response is not None:
+            await self.response.cancel("client_cancelled")

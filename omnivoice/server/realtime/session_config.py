@@ -1,0 +1,253 @@
+"""The session's settings: `session.update` payloads (GA and beta shapes) in, the effective settings out.
+
+A patch is validated whole before any of it applies (a bad field leaves the session unchanged), then
+merged. Fields OpenAI defines that we do not act on (tools, tracing, transcription, noise reduction,
+speed, temperature, ...) are accepted and echoed; unknown fields are rejected with their name.
+
+`semantic_vad` maps to server VAD with a silence wait chosen by its eagerness (see EAGERNESS_SILENCE_MS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from omnivoice.audio.formats import FORMATS, FORMATS_BY_MIME, PCM16, AudioFormat
+
+# semantic_vad eagerness -> silence (ms) before the turn ends; "auto" is "medium".
+EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+# OpenAI's voice names: clients send them by default; they map to the model's default voice.
+OPENAI_VOICES = frozenset(
+    [
+        "alloy",
+        "ash",
+        "ballad",
+        "coral",
+        "echo",
+        "fable",
+        "onyx",
+        "nova",
+        "sage",
+        "shimmer",
+        "verse",
+        "marin",
+        "cedar",
+    ]
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FormatParam(_Strict):
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
+    rate: Literal[24000] | None = None
+
+
+class TurnDetectionParam(_Strict):
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    threshold: float | None = Field(None, ge=0.0, le=1.0)
+    prefix_padding_ms: int | None = Field(None, ge=0, le=10_000)
+    silence_duration_ms: int | None = Field(None, ge=0, le=10_000)
+    create_response: bool | None = None
+    interrupt_response: bool | None = None
+    idle_timeout_ms: int | None = None
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+
+
+class InputAudioParam(_Strict):
+    format: FormatParam | Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
+    turn_detection: TurnDetectionParam | None = Field(default=None)
+    transcription: dict[str, Any] | None = None
+    noise_reduction: dict[str, Any] | None = None
+
+
+class OutputAudioParam(_Strict):
+    format: FormatParam | Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
+    voice: str | None = None
+    speed: float | None = None
+
+
+class AudioParam(_Strict):
+    input: InputAudioParam | None = None
+    output: OutputAudioParam | None = None
+
+
+class OmnivoiceParam(_Strict):
+    """Extension for tests and benchmarks: fixed output lengths on a random-weight model."""
+
+    min_output_tokens: int | None = Field(None, ge=0)
+    output_audio_frames: int | None = Field(None, ge=1, description="talker frames: min = max")
+
+
+class SessionPatch(_Strict):
+    """A `session.update` `session` object: GA fields, the beta names, and our extension."""
+
+    type: Literal["realtime"] | None = None
+    id: str | None = None
+    object: str | None = None
+    model: str | None = None
+    instructions: str | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    audio: AudioParam | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    tracing: Any = None
+    truncation: Any = None
+    prompt: Any = None
+    include: list[str] | None = None
+    expires_at: int | None = None
+    # beta names
+    modalities: list[Literal["text", "audio"]] | None = None
+    voice: str | None = None
+    input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
+    output_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
+    turn_detection: TurnDetectionParam | None = None
+    input_audio_transcription: dict[str, Any] | None = None
+    input_audio_noise_reduction: dict[str, Any] | None = None
+    max_response_output_tokens: int | Literal["inf"] | None = None
+    temperature: float | None = None
+    speed: float | None = None
+    client_secret: Any = None
+    omnivoice: OmnivoiceParam | None = None
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = None
+    eagerness: str = "auto"
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": self.type,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+        }
+        if self.type == "semantic_vad":
+            return {**out, "eagerness": self.eagerness}
+        return {
+            **out,
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "idle_timeout_ms": self.idle_timeout_ms,
+        }
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """The effective settings of one session."""
+
+    voice: str
+    instructions: str | None = None
+    output_modalities: tuple[str, ...] = ("audio",)
+    input_format: AudioFormat = PCM16
+    output_format: AudioFormat = PCM16
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    max_output_tokens: int | None = None  # None: "inf" (the profile's cap)
+    min_output_tokens: int | None = None
+    output_audio_frames: int | None = None
+    echo: dict[str, Any] = field(default_factory=dict)  # accepted, not acted on: echoed back
+
+
+class SettingsError(ValueError):
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def resolve_format(value: FormatParam | str | None, current: AudioFormat) -> AudioFormat:
+    if value is None:
+        return current
+    return FORMATS[value] if isinstance(value, str) else FORMATS_BY_MIME[value.type]
+
+
+def resolve_voice(voice: str, voices: tuple[str, ...], default: str, param: str) -> str:
+    name = voice.lower()
+    if name in voices:
+        return name
+    if name in OPENAI_VOICES:
+        return default
+    raise SettingsError(f"unknown voice {voice!r}; this model's voices are {', '.join(voices)}", param)
+
+
+def apply_patch(
+    s: SessionSettings, p: SessionPatch, voices: tuple[str, ...], default_voice: str
+) -> SessionSettings:
+    """The settings after `p`; raises SettingsError (nothing applied) on a value we cannot serve."""
+    a_in = p.audio.input if p.audio else None
+    a_out = p.audio.output if p.audio else None
+    set_fields = p.model_fields_set
+    td_set = "turn_detection" in set_fields or (
+        a_in is not None and "turn_detection" in a_in.model_fields_set
+    )
+    td_param = a_in.turn_detection if a_in and "turn_detection" in a_in.model_fields_set else p.turn_detection
+    voice_in = (a_out.voice if a_out else None) or p.voice
+    modalities = p.output_modalities or p.modalities
+    tokens = p.max_output_tokens if p.max_output_tokens is not None else p.max_response_output_tokens
+    changes: dict[str, Any] = {
+        "input_format": resolve_format(
+            (a_in.format if a_in else None) or p.input_audio_format, s.input_format
+        ),
+        "output_format": resolve_format(
+            (a_out.format if a_out else None) or p.output_audio_format, s.output_format
+        ),
+    }
+    if voice_in is not None:
+        param = "session.audio.output.voice" if a_out and a_out.voice else "session.voice"
+        changes["voice"] = resolve_voice(voice_in, voices, default_voice, param)
+    if "instructions" in set_fields:
+        changes["instructions"] = p.instructions
+    if modalities is not None:
+        if not modalities:
+            raise SettingsError("output_modalities must not be empty", "session.output_modalities")
+        changes["output_modalities"] = ("audio",) if "audio" in modalities else ("text",)
+    if tokens is not None:
+        changes["max_output_tokens"] = None if tokens == "inf" else _positive(tokens, "max_output_tokens")
+    if td_set:
+        changes["turn_detection"] = None if td_param is None else _turn_detection(td_param, s.turn_detection)
+    if p.omnivoice is not None:
+        changes["min_output_tokens"] = p.omnivoice.min_output_tokens
+        changes["output_audio_frames"] = p.omnivoice.output_audio_frames
+    if p.tools:
+        raise SettingsError("tools (function calling) are not supported by this server", "session.tools")
+    echo = dict(s.echo)
+    for key in ("tool_choice", "tracing", "truncation", "prompt", "include", "temperature", "speed"):
+        if key in set_fields:
+            echo[key] = getattr(p, key)
+    changes["echo"] = echo
+    return replace(s, **changes)
+
+
+def _positive(value: int, name: str) -> int:
+    if value < 1:
+        raise SettingsError(f"{name} must be >= 1 or 'inf'", f"session.{name}")
+    return value
+
+
+def _turn_detection(p: TurnDetectionParam, current: TurnDetection | None) -> TurnDetection:
+    base = TurnDetection()  # a new turn_detection object replaces the old one, as OpenAI does
+    del current
+    silence = p.silence_duration_ms
+    if p.type == "semantic_vad":
+        silence = EAGERNESS_SILENCE_MS[p.eagerness or "auto"]
+    return TurnDetection(
+        type=p.type,
+        threshold=base.threshold if p.threshold is None else p.threshold,
+        prefix_padding_ms=base.prefix_padding_ms if p.prefix_padding_ms is None else p.prefix_padding_ms,
+        silence_duration_ms=base.silence_duration_ms if silence is None else silence,
+        create_response=base.create_response if p.create_response is None else p.create_response,
+        interrupt_response=base.interrupt_response if p.interrupt_response is None else p.interrupt_response,
+        idle_timeout_ms=p.idle_timeout_ms,
+        eagerness=p.eagerness or "auto",
+    )
