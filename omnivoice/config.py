@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -58,6 +58,9 @@ class StageConfig(_Strict):
 
 class ThinkerStage(StageConfig):
     sampling: SamplingDefaults = SamplingDefaults(temperature=0.0, max_tokens=256)
+    prefix_cache_entries: int = Field(
+        16, ge=0, description="conversations whose KV is kept between turns (one spare KV slot each)"
+    )
 
 
 class TalkerStage(StageConfig):
@@ -87,14 +90,31 @@ class StagesConfig(_Strict):
         return stages[name]
 
 
+# `model.path: "dummy:<name>"` builds that architecture at full size with random weights (no checkpoint,
+# no tokenizer: requests carry token ids); see omnivoice/models/dummy.py.
+DUMMY_PREFIX = "dummy:"
+DUMMY_MODELS = ("qwen3-omni-30b-a3b",)
+
+
 class ModelConfig(_Strict):
     path: str | None = Field(
-        None, description="local Hugging Face checkpoint folder; null builds the tiny embedded default"
+        None,
+        description="local Hugging Face checkpoint folder, or dummy:<name> (random weights, full size); "
+        "null builds the tiny embedded default",
     )
     cache_dir: str | None = Field(None, description="where the embedded default is built (default ~/.cache)")
     served_name: str = "omnivoice"
     default_voice: str = "ethan"
     system_prompt: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _check_dummy(cls, path: str | None) -> str | None:
+        if path is not None and path.startswith(DUMMY_PREFIX):
+            name = path[len(DUMMY_PREFIX) :]
+            if name not in DUMMY_MODELS:
+                raise ValueError(f"unknown dummy model {name!r}; known: {', '.join(DUMMY_MODELS)}")
+        return path
 
 
 class ServerConfig(_Strict):

@@ -29,6 +29,13 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class ForgetPrefix:
+    """Engine -> thinker: a conversation ended; free its cached prefix."""
+
+    cache_key: str
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Engine -> stage: finish the loop."""
 
@@ -92,5 +99,5 @@ class StageFinished:
     error: str | None = None
 
 
-StageInput = NewRequest | ThinkerChunk | CodecChunk | Abort | Shutdown
+StageInput = NewRequest | ThinkerChunk | CodecChunk | Abort | ForgetPrefix | Shutdown
 EngineMessage = TokenOutput | PcmOutput | StageFinished

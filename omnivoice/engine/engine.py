@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from omnivoice.config import Profile
-from omnivoice.engine.chunks import Abort, NewRequest, PcmOutput, StageFinished, TokenOutput
+from omnivoice.engine.chunks import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.pipeline import STAGES, Pipeline
 from omnivoice.engine.stage import StageCrashed
@@ -132,6 +133,8 @@ class Engine:
         if self._closed:
             raise RuntimeError("engine is closed")
         rid = request.request_id
+        if request.prefill_only and request.want_audio:
+            raise ValueError("a prefill-only request produces no audio")
         state = _RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
         with self._lock:
             if rid in self._requests:
@@ -151,6 +154,22 @@ class Engine:
 
     async def abort(self, request_id: str) -> None:
         self._abort(request_id)
+
+    async def warm(self, prompt: Prompt, cache_key: str) -> None:
+        """Prefill `prompt` into `cache_key`'s prefix cache and return once it is there.
+
+        A session calls this while the user is still speaking (with the conversation so far), so the
+        turn's request later prefills only the new audio and what follows it.
+        """
+        req = GenerationRequest(
+            f"warm-{uuid.uuid4().hex}", prompt, want_audio=False, cache_key=cache_key, prefill_only=True
+        )
+        async for _ in self.generate(req):
+            pass
+
+    def forget(self, cache_key: str) -> None:
+        """Free the conversation's cached prefix (the session ended)."""
+        self._pipeline.send("thinker", ForgetPrefix(cache_key))
 
     def _abort(self, request_id: str) -> None:
         with self._lock:

@@ -57,6 +57,11 @@ class GenerationRequest:
     voice: str = "ethan"
     thinker: Sampling = Sampling()
     talker: Sampling = Sampling(max_tokens=2048)
+    # Conversation key for the thinker's prefix cache: the next request with the same key prefills only
+    # what its prompt adds to this one's prompt and answer (sessions set it; one-off requests don't).
+    cache_key: str | None = None
+    # Only prefill the prompt into the prefix cache (early start while the user speaks); no output.
+    prefill_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,8 @@ class StageStats:
     running: int
     last_batch_size: int
     steps: int
+    busy_s: float = 0.0  # wall time spent in the runner's step() since the stage started
+    cached_tokens: int = 0  # prompt positions served from the prefix cache since the stage started
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnivoice.config import StageConfig
-from omnivoice.engine.chunks import NewRequest, StageFinished, ThinkerChunk, TokenOutput
+from omnivoice.config import ThinkerStage
+from omnivoice.engine.chunks import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
 from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.decoder import DecoderStack
+from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
 from omnivoice.runners.sampling import RequestSampler
+from omnivoice.runners.thinker_inputs import embed_prompt
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -30,28 +32,44 @@ class _Seq:
     prompt_len: int
     last_token: int = -1
     generated: list[int] = field(default_factory=list)
+    # kept only for requests with a cache_key: what a prefix-cache entry needs per position
+    keys: list = field(default_factory=list)
+    embeds: list[torch.Tensor] = field(default_factory=list)  # each [n, H]
+    hidden: list[torch.Tensor] = field(default_factory=list)  # each [n, H]
+
+    def prefix_entry(self) -> PrefixEntry:
+        # the KV holds the prompt and every generated token but the last (never fed back)
+        fed = self.generated[:-1] if self.generated else []
+        return PrefixEntry(self.slot, self.keys + fed, torch.cat(self.embeds), torch.cat(self.hidden))
 
 
 class ThinkerRunner:
     name = "thinker"
 
-    def __init__(self, thinker: Any, spec: ModelSpec, cfg: StageConfig, device: torch.device) -> None:
+    def __init__(self, thinker: Any, spec: ModelSpec, cfg: ThinkerStage, device: torch.device) -> None:
         self.model = thinker
         self.spec = spec
         self.cfg = cfg
         self.device = device
         # transformers 5.2x wraps the text model as `model.language_model`; 5.17 (the H200 image) does not
-        text_model = thinker.model.language_model if hasattr(thinker.model, "language_model") else thinker.model
+        text_model = getattr(thinker.model, "language_model", thinker.model)
         self.stack = DecoderStack(text_model, multimodal_rope=True)
         self.embed = thinker.get_input_embeddings()
-        self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, thinker.dtype, device)
+        # one slot per running request, plus one per cached conversation prefix
+        slots = cfg.max_batch + cfg.prefix_cache_entries
+        self.cache = self.stack.make_cache(slots, cfg.max_seq_len, thinker.dtype, device)
+        self.prefix = PrefixCache(cfg.prefix_cache_entries, self.cache.release)
         self.waiting: deque[GenerationRequest] = deque()
         self.running: dict[str, _Seq] = {}
         self._steps = 0
         self._last_batch = 0
+        self._cached_tokens = 0
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
+        if isinstance(msg, ForgetPrefix):
+            self.prefix.drop(msg.cache_key)
+            return []
         if not isinstance(msg, NewRequest):
             raise TypeError(f"thinker cannot take {type(msg).__name__}")
         req = msg.request
@@ -65,23 +83,34 @@ class ThinkerRunner:
         self.waiting = deque(r for r in self.waiting if r.request_id != request_id)
         seq = self.running.pop(request_id, None)
         if seq is not None:
-            self.cache.release(seq.slot)
+            self._retire(seq)  # a barged-in answer still leaves a reusable prefix
+
+    def _can_admit(self) -> bool:
+        room = self.cache.free_slots > 0 or len(self.prefix) > 0
+        return bool(self.waiting) and len(self.running) < self.cfg.max_batch and room
 
     def has_work(self) -> bool:
-        return bool(self.running) or (bool(self.waiting) and self.cache.free_slots > 0)
+        return bool(self.running) or self._can_admit()
 
     def active_ids(self) -> list[str]:
         return list(self.running)
 
     def stats(self) -> StageStats:
-        return StageStats(self.name, len(self.waiting), len(self.running), self._last_batch, self._steps)
+        return StageStats(
+            self.name,
+            len(self.waiting),
+            len(self.running),
+            self._last_batch,
+            self._steps,
+            cached_tokens=self._cached_tokens,
+        )
 
     @torch.inference_mode()
     def step(self) -> list[Any]:
         outs: list[Any] = []
         decoding = list(self.running.values())
         # Admit new requests first: their first token is on the time-to-first-audio path.
-        while self.waiting and self.cache.free_slots > 0:
+        while self._can_admit():
             outs += self._prefill(self.waiting.popleft())
         if decoding:
             outs += self._decode(decoding)
@@ -90,18 +119,36 @@ class ThinkerRunner:
 
     # ---- internals ---------------------------------------------------------------------------
     def _prefill(self, req: GenerationRequest) -> list[Any]:
-        ids = torch.tensor([req.prompt.input_ids], device=self.device)  # [1, T]
-        embeds = self.embed(ids)  # [1, T, H]
-        if req.prompt.audio_features:
-            embeds = self._merge_audio(ids, embeds, req.prompt.audio_features)
-        slot = self.cache.alloc()
-        max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - ids.shape[1])
+        n = len(req.prompt.input_ids)
+        keys = position_keys(req.prompt, self.spec.audio_pad_id) if req.cache_key else []
+        entry, reuse = self.prefix.match(req.cache_key, keys) if req.cache_key else (None, 0)
+        reuse = min(reuse, n - 1)  # at least one position is computed, for the first token's logits
+        if entry is not None:
+            slot = self.prefix.take(req.cache_key)  # the conversation's slot: prefill on top of it in place
+        else:
+            if self.cache.free_slots == 0:
+                self.prefix.evict_one()
+            slot = self.cache.alloc()
+        embeds = embed_prompt(self.model, self.spec.audio_pad_id, req.prompt, reuse, self.device)
+        accept = self.spec.accept_hidden_layer
+        h, kept = self.stack.forward(embeds, self.cache, [slot], [reuse], keep=(0, accept))
+        prompt_embeds, prompt_hidden = kept[0][0], kept[accept][0]  # [n - reuse, H]
+        if entry is not None and reuse > 0:
+            prompt_embeds = torch.cat([entry.embeds[:reuse], prompt_embeds])
+            prompt_hidden = torch.cat([entry.hidden[:reuse], prompt_hidden])
+        max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - n)
         params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
         sampler = RequestSampler(params, self.spec.thinker_eos_ids, history=req.prompt.input_ids)
-        seq = _Seq(req, slot, sampler, prompt_len=ids.shape[1])
+        seq = _Seq(req, slot, sampler, prompt_len=n)
+        if req.cache_key:
+            seq.keys, seq.embeds, seq.hidden = keys, [prompt_embeds], [prompt_hidden]
+        self._cached_tokens += reuse
+        if reuse:
+            log.debug("request %s: %d of %d prompt positions from the prefix cache", req.request_id, reuse, n)
+        if req.prefill_only:
+            self._retire(seq)
+            return [StageFinished(req.request_id, "thinker", "stop", 0, n)]
         self.running[req.request_id] = seq
-        accept = self.spec.accept_hidden_layer
-        h, kept = self.stack.forward(embeds, self.cache, [slot], [0], keep=(0, accept))
         logits = self.model.lm_head(h[:, -1])  # [1, V]
         first = ThinkerChunk(
             request_id=req.request_id,
@@ -109,35 +156,30 @@ class ThinkerRunner:
             token_embeds=None,
             finished=False,
             prompt_ids=req.prompt.input_ids,
-            prompt_embeds=_np(kept[0][0]),
-            prompt_hidden=_np(kept[accept][0]),
+            prompt_embeds=_np(prompt_embeds),
+            prompt_hidden=_np(prompt_hidden),
             request=req,
         )
         return self._emit([seq], logits, first_chunk={req.request_id: first})
 
-    def _merge_audio(
-        self, ids: torch.Tensor, embeds: torch.Tensor, feats: tuple[np.ndarray, ...]
-    ) -> torch.Tensor:
-        lengths = [f.shape[1] for f in feats]
-        batch = torch.zeros(len(feats), feats[0].shape[0], max(lengths), dtype=embeds.dtype)
-        mask = torch.zeros(len(feats), max(lengths), dtype=torch.long)
-        for i, f in enumerate(feats):
-            batch[i, :, : f.shape[1]] = torch.from_numpy(f)
-            mask[i, : f.shape[1]] = 1
-        out = self.model.get_audio_features(batch.to(self.device), mask.to(self.device))
-        audio = out.last_hidden_state.to(embeds.dtype)
-        where = (ids == self.spec.audio_pad_id).unsqueeze(-1).expand_as(embeds)
-        if int(where[..., 0].sum()) != audio.shape[0]:
-            raise ValueError(
-                f"{int(where[..., 0].sum())} audio placeholders but {audio.shape[0]} audio features"
-            )
-        return embeds.masked_scatter(where, audio)
+    def _retire(self, seq: _Seq) -> None:
+        """Free a finished request's slot, or keep it as its conversation's cached prefix."""
+        if seq.request.cache_key and seq.embeds:
+            self.prefix.put(seq.request.cache_key, seq.prefix_entry())
+        else:
+            self.cache.release(seq.slot)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
         tokens = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
         slots = [s.slot for s in seqs]
         starts = [self.cache.lengths[s.slot] for s in seqs]
-        h, _ = self.stack.forward(self.embed(tokens), self.cache, slots, starts)
+        embeds = self.embed(tokens)  # [B, 1, H]
+        accept = self.spec.accept_hidden_layer
+        h, kept = self.stack.forward(embeds, self.cache, slots, starts, keep=(accept,))
+        for b, s in enumerate(seqs):
+            if s.request.cache_key:
+                s.embeds.append(embeds[b])
+                s.hidden.append(kept[accept][b])
         logits = self.model.lm_head(h[:, -1])  # [B, V]
         self._last_batch = len(seqs)
         return self._emit(seqs, logits)
@@ -160,7 +202,7 @@ class ThinkerRunner:
             if reason is not None:
                 outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len))
                 self.running.pop(rid)
-                self.cache.release(seq.slot)
+                self._retire(seq)
         return outs
 
     def _talker_chunk(self, seq: _Seq, token: int, final: bool, first: ThinkerChunk | None) -> ThinkerChunk:
