@@ -2,6 +2,7 @@
 
 omnivoice serve [--profile PATH] [--host H] [--port P] [--log-level L]
 omnivoice bench ...                 (load benchmark; options from omnivoice.bench.cli)
+omnivoice bench engine ...          (in-process engine benchmark; options from omnivoice.bench.engine_cli)
 omnivoice profile check PATH
 """
 
@@ -56,6 +57,17 @@ def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
 
         add_arguments(bench)
     bench.set_defaults(func=_bench)
+    modes = bench.add_subparsers(dest="bench_mode", metavar="MODE")
+    engine = modes.add_parser(
+        "engine",
+        help="drive the staged engine in-process (no server) with token-id prompts of fixed lengths",
+        description="Closed-loop load on an in-process engine (Engine -> stages -> runners), with "
+        "vLLM-Omni's metric definitions; optionally transformers' generate() as the baseline.",
+    )
+    from omnivoice.bench.engine_cli import add_arguments as add_engine_arguments  # argparse only
+
+    add_engine_arguments(engine)
+    engine.set_defaults(func=_bench_engine)
 
     profile = sub.add_parser("profile", help="work with deploy profiles", description="Deploy profile tools.")
     profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
@@ -71,7 +83,9 @@ def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    with_bench = next((a for a in args_list if not a.startswith("-")), None) == "bench"
+    positional = [a for a in args_list if not a.startswith("-")]
+    # the HTTP client's options (and httpx) only for `bench` itself, not for `bench engine`
+    with_bench = positional[:1] == ["bench"] and positional[1:2] != ["engine"]
     try:
         parser = build_parser(with_bench=with_bench)
     except ImportError as e:
@@ -101,6 +115,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     from omnivoice.bench.cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from omnivoice.bench.engine_cli import run
 
     configure_logging("info")
     return run(args)

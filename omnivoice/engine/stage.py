@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from omnivoice.engine.chunks import (
@@ -82,6 +82,7 @@ class StageWorker:
         self.engine = engine
         self._last_stats = 0.0
         self._sent_stats: StageStats | None = None
+        self._busy_s = 0.0
         # Requests aborted here recently: messages already in flight for them (from the upstream
         # stage, sent before it saw the abort) must not start them again.
         self._aborted: OrderedDict[str, None] = OrderedDict()
@@ -123,6 +124,7 @@ class StageWorker:
             self._fail([rid], e)
 
     def _step(self) -> None:
+        started = time.perf_counter()
         try:
             outs = self.runner.step()
         except Exception as e:
@@ -130,6 +132,8 @@ class StageWorker:
             log.exception("%s stage step failed; failing requests %s", self.runner.name, ids)
             self._fail(ids, e)
             return
+        finally:
+            self._busy_s += time.perf_counter() - started
         self._route(outs)
 
     def _tombstone(self, rid: str) -> None:
@@ -162,7 +166,7 @@ class StageWorker:
         if idle_change or now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self._sent_stats = stats
-            self.engine.put(stats)
+            self.engine.put(replace(stats, busy_s=self._busy_s))
 
 
 def _request_id(msg: Any) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import soxr
 import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
@@ -138,6 +137,8 @@ class PromptBuilder:
             raise PromptError(f"message {index}: audio contains NaN or infinite samples")
         rate = self._spec.input_sample_rate
         if part.sample_rate != rate:
+            import soxr  # lazily: the GPU image has no soxr, and token-id prompts never resample
+
             pcm = soxr.resample(pcm, part.sample_rate, rate).astype(np.float32, copy=False)
         if pcm.size < self._feature_extractor.hop_length:
             raise PromptError(f"message {index}: audio is shorter than one feature frame ({seconds:.4f} s)")

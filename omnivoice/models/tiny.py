@@ -195,7 +195,7 @@ def tiny_feature_extractor() -> WhisperFeatureExtractor:
 
 
 @torch.no_grad()
-def _init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
+def init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
     """Give the talker's MoE experts and routers random weights.
 
     transformers' `_init_weights` covers the thinker's MoE blocks but not the talker's: its experts stay
@@ -234,7 +234,7 @@ def build_tiny_model(seed: int = 0) -> tuple[Qwen3OmniMoeForConditionalGeneratio
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3OmniMoeForConditionalGeneration(tiny_config(tokenizer)).eval()
-        _init_talker_moe(model)
+        init_talker_moe(model)
     _make_audible(model, torch.Generator().manual_seed(seed))
     return model, tokenizer
 

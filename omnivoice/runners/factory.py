@@ -10,6 +10,7 @@ import torch
 
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import StageName
+from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.loader import ModelSpec, load_model
 
 log = logging.getLogger(__name__)
@@ -17,8 +18,8 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_runners(profile: Profile, path: Path, only: tuple[StageName, ...]) -> dict[str, Any]:
-    """Load the checkpoint once and build the runners named in `only` on their devices."""
+def build_runners(profile: Profile, path: Path | DummySource, only: tuple[StageName, ...]) -> dict[str, Any]:
+    """Load the checkpoint (or build the dummy model) once and build the runners named in `only`."""
     from omnivoice.runners.code2wav import Code2WavRunner
     from omnivoice.runners.talker import TalkerRunner
     from omnivoice.runners.thinker import ThinkerRunner
@@ -28,9 +29,12 @@ def build_runners(profile: Profile, path: Path, only: tuple[StageName, ...]) -> 
     torch.set_num_threads(threads)
     first = stages.stage(only[0])
     log.info("loading %s for %s (%s, %s)", path, ", ".join(only), first.device, first.dtype)
-    loaded = load_model(path, device="cpu", dtype=_DTYPES[first.dtype])
-    model = loaded.model
-    spec: ModelSpec = loaded.spec
+    spec: ModelSpec
+    if isinstance(path, DummySource):  # random weights, built where the first stage runs
+        model, spec = build_dummy_model(path, first.device, _DTYPES[first.dtype])
+    else:
+        loaded = load_model(path, device="cpu", dtype=_DTYPES[first.dtype])
+        model, spec = loaded.model, loaded.spec
     runners: dict[str, Any] = {}
     for name in only:
         cfg = stages.stage(name)

@@ -7,9 +7,12 @@ message and param that go back to the client in an `error` event. Unknown fields
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+_FIELD = re.compile(r"[a-z_][a-z0-9_]*")
 
 
 class ProtocolError(Exception):
@@ -180,7 +183,8 @@ def _validation_error(
 ) -> ProtocolError:
     """`skip` drops the discriminator's tag from the error location; `prefix` names the enclosing field."""
     first = e.errors()[0]
-    loc = [*prefix, *(str(p) for p in first["loc"][skip:])]
+    # union members add their class or literal name to the location: not a field, leave it out
+    loc = [*prefix, *(str(p) for p in first["loc"][skip:] if isinstance(p, int) or _FIELD.fullmatch(p))]
     param = ".".join(loc) or None
     if first["type"] == "extra_forbidden":
         return ProtocolError(f"Unknown parameter: '{param}'.", "unknown_parameter", param, event_id)

@@ -162,10 +162,11 @@ class Response:
                 elif isinstance(out, Finished):
                     self.usage = out.usage
                     self._on_finished(out)
-        if plan.want_audio and self.status == "completed":
+        ended = self.status in ("completed", "incomplete")  # generation ran to its end (stop or length)
+        if plan.want_audio and ended:
             await self._send_audio(self._resampler.flush())
         if self.item is not None and self.item.ledger is not None:
-            self.item.ledger.complete = self.status == "completed"
+            self.item.ledger.complete = ended
 
     def _open_item(self) -> None:
         kind = "output_audio" if self.plan.want_audio else "output_text"
@@ -245,9 +246,8 @@ class Response:
         if self.plan.want_audio:
             ledger = item.ledger
             assert ledger is not None
-            content.transcript = (
-                self._transcript if item.status == "completed" else ledger.heard_transcript(ledger.sent_ms)
-            )
+            heard = self._transcript if ledger.complete else ledger.heard_transcript(ledger.sent_ms)
+            content.transcript = heard
             self._outbox.put({"type": "response.output_audio.done", **where})
             self._outbox.put(
                 {"type": "response.output_audio_transcript.done", **where, "transcript": self._transcript}

@@ -1,0 +1,95 @@
+"""Helpers for realtime tests: espeak-ng speech, and an event recorder over the `openai` SDK's connection."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soxr
+
+from omnivoice.audio import decode_wav
+
+RATE = 24000
+
+
+def speak(text: str, folder: Path) -> np.ndarray:
+    """`text` spoken by espeak-ng, as float32 at 24 kHz."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    path = folder / f"{abs(hash(text))}.wav"
+    if not path.exists():
+        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+    pcm, rate = decode_wav(path.read_bytes())
+    return soxr.resample(pcm, rate, RATE).astype(np.float32)
+
+
+def pcm16(*parts: np.ndarray | float) -> bytes:
+    """Concatenate audio (arrays) and silences (floats, seconds) as 24 kHz pcm16 bytes."""
+    chunks = [np.zeros(int(p * RATE), np.float32) if isinstance(p, float | int) else p for p in parts]
+    x = np.concatenate(chunks)
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+class Recorder:
+    """Reads every server event of a connection in the background, with its arrival time."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.events: list[tuple[float, Any]] = []
+        self._seen = 0
+        self._new = asyncio.Event()
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for event in self.conn:
+            self.events.append((time.monotonic(), event))
+            self._new.set()
+
+    async def next(self, kind: str, timeout: float = 20.0) -> Any:
+        """The next event of type `kind` after those already returned by `next`; fails on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for n in range(self._seen, len(self.events)):
+                if self.events[n][1].type == kind:
+                    self._seen = n + 1
+                    return self.events[n][1]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                got = [e.type for _, e in self.events[self._seen :]]
+                raise AssertionError(f"no {kind} within {timeout} s; got {got}")
+            self._new.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new.wait(), left)
+
+    def types(self) -> list[str]:
+        return [e.type for _, e in self.events]
+
+    def time_of(self, event: Any) -> float:
+        return next(t for t, e in self.events if e is event)
+
+    def audio(self, response_id: str | None = None) -> bytes:
+        return b"".join(
+            base64.b64decode(e.delta)
+            for _, e in self.events
+            if e.type == "response.output_audio.delta" and response_id in (None, e.response_id)
+        )
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def send_audio(conn: Any, audio: bytes, chunk_ms: int = 20, pace: float = 0.0) -> None:
+    """Append `audio` (pcm16 24 kHz) in `chunk_ms` pieces, sleeping `pace` × real time between them."""
+    step = RATE * 2 * chunk_ms // 1000
+    for i in range(0, len(audio), step):
+        await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step]).decode())
+        await asyncio.sleep(pace * chunk_ms / 1000)

@@ -1,0 +1,216 @@
+"""End to end: the tiny model (thread workers) behind a real server, driven by the `openai` SDK's realtime
+client with espeak-ng speech: server VAD and push-to-talk turns, multi-turn history, barge-in, truncation,
+disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from omnivoice.config import parse_profile
+from omnivoice.engine.types import AudioPart, TextPart
+from omnivoice.server import create_app
+
+from ..serve import ServerThread, wait_until_healthy
+from .rt import Recorder, pcm16, send_audio, speak
+
+pytestmark = pytest.mark.slow
+
+SAMPLES_PER_FRAME = 1920  # 80 ms of 24 kHz audio per codec frame
+
+
+def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:
+    """A session.update payload fixing the random model's output lengths."""
+    return {
+        "type": "realtime", "max_output_tokens": tokens,
+        "omnivoice": {"min_output_tokens": tokens, "output_audio_frames": frames}, **session,
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
+    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
+    profile = parse_profile({
+        "model": {"path": str(tiny_checkpoint)},
+        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+        "realtime": {"max_buffer_seconds": 30},
+    })  # fmt: skip
+    st = ServerThread(create_app(profile))
+    st.start()
+    try:
+        wait_until_healthy(st.base_url, timeout=300)
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture(scope="module")
+def voice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, np.ndarray]:
+    folder = tmp_path_factory.mktemp("speech")
+    return {
+        "one": speak("Hello there. Could you tell me a short story about the sea?", folder),
+        "two": speak("Thank you. And what happened to the lighthouse?", folder),
+        "stop": speak("Wait, stop, stop please.", folder),
+    }
+
+
+def connect(server: ServerThread) -> Any:
+    client = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    return client.realtime.connect(model="omnivoice")
+
+
+def session_of(server: ServerThread, session_id: str) -> Any:
+    return server.server.config.app.state.realtime.sessions[session_id]
+
+
+async def test_server_vad_spoken_turn(server: ServerThread, voice: dict[str, np.ndarray]) -> None:
+    speech = voice["one"]
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        sid = (await rec.next("session.created")).session.id
+        await conn.session.update(session=fixed(6, 12))
+        await send_audio(conn, pcm16(0.5, speech, 1.0))
+        started = await rec.next("input_audio_buffer.speech_started")
+        stopped = await rec.next("input_audio_buffer.speech_stopped")
+        committed = await rec.next("input_audio_buffer.committed")
+        done = await rec.next("response.done", timeout=60)
+        item = session_of(server, sid).conversation.get(committed.item_id)
+        await rec.close()
+    speech_ms = 1000 * speech.size / 24000
+    assert started.item_id == stopped.item_id == committed.item_id
+    assert 100 <= started.audio_start_ms <= 600  # speech at ~500 ms, minus 300 ms of prefix padding
+    assert abs(stopped.audio_end_ms - (500 + speech_ms + 500)) < 400
+    held = item.content[0].audio.size / 16
+    assert abs(held - (stopped.audio_end_ms - started.audio_start_ms)) < 40  # ms
+    # min = max tokens: the thinker always stops at max_output_tokens
+    assert done.response.status == "incomplete" and done.response.status_details.reason == "max_output_tokens"
+    order = [t for t in rec.types() if not t.endswith(".delta")]
+    expected = [
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "response.created",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_audio.done",
+        "response.output_audio_transcript.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.done",
+    ]
+    assert [t for t in order if t in expected] == expected
+    assert abs(len(rec.audio()) // 2 - 12 * SAMPLES_PER_FRAME) < SAMPLES_PER_FRAME  # 12 frames, pcm16
+    assert done.response.usage.output_tokens == 6
+
+
+async def test_push_to_talk_history_feeds_the_thinker(
+    server: ServerThread, voice: dict[str, np.ndarray]
+) -> None:
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        sid = (await rec.next("session.created")).session.id
+        await conn.session.update(session=fixed(6, 8, audio={"input": {"turn_detection": None}}))
+        dones = []
+        for name in ("one", "two"):
+            await send_audio(conn, pcm16(voice[name]))
+            await conn.input_audio_buffer.commit()
+            await rec.next("input_audio_buffer.committed")
+            await conn.response.create()
+            dones.append(await rec.next("response.done", timeout=60))
+        assert "input_audio_buffer.speech_started" not in rec.types()
+        session = session_of(server, sid)
+        first_user, first_reply = session.conversation.items[0], session.conversation.items[1]
+        messages = session.last_response.messages
+        await rec.close()
+    assert [d.response.status for d in dones] == ["incomplete", "incomplete"]
+    transcript = dones[0].response.output[0].content[0].transcript
+    assert transcript and first_reply.content[0].transcript == transcript
+    assert [m.role for m in messages] == ["user", "assistant", "user"]
+    audio = messages[0].parts[0]
+    assert isinstance(audio, AudioPart) and audio.sample_rate == 16000
+    assert (
+        audio.pcm is first_user.content[0].audio
+        and abs(audio.pcm.size / 16000 - voice["one"].size / 24000) < 0.05
+    )
+    assert messages[1].parts == (TextPart(transcript),)
+    assert isinstance(messages[2].parts[0], AudioPart)
+    first, second = dones[0].response.usage.input_tokens, dones[1].response.usage.input_tokens
+    assert second > first + 20, (first, second)  # turn 1's audio and reply are in turn 2's prompt
+
+
+async def test_barge_in_cancels_within_100ms_and_truncate_edits_history(
+    server: ServerThread, voice: dict[str, np.ndarray]
+) -> None:
+    engine = server.server.config.app.state.lifecycle.engine
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        sid = (await rec.next("session.created")).session.id
+        await conn.session.update(session=fixed(24, 150))  # 12 s of audio: still playing when we interrupt
+        await send_audio(conn, pcm16(0.3, voice["one"], 0.8))
+        first = await rec.next("response.created", timeout=30)
+        await rec.next("response.output_audio.delta", timeout=30)
+        await asyncio.sleep(0.5)
+        await send_audio(conn, pcm16(voice["stop"], 0.8), pace=1.0)
+        started = await rec.next("input_audio_buffer.speech_started")
+        done = await rec.next("response.done")
+        assert done.response.id == first.response.id
+        assert done.response.status == "cancelled" and done.response.status_details.reason == "turn_detected"
+        latency = rec.time_of(done) - rec.time_of(started)
+        assert latency < 0.1, f"barge-in took {latency * 1000:.0f} ms"
+        heard = len(rec.audio(first.response.id)) / 48  # ms of audio received
+        assert heard < 12_000 * 0.6  # paced: most of the 12 s was never sent
+        stopped = await rec.next("input_audio_buffer.speech_stopped")
+        second = await rec.next("response.created", timeout=10)
+        assert rec.time_of(second) - rec.time_of(stopped) < 1.0  # the next turn starts at once
+        # the client heard 400 ms before it stopped playback; an offset past the end is clamped
+        item_id = done.response.output[0].id
+        session = session_of(server, sid)
+        full = session.conversation.get(item_id).ledger.transcript
+        await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=10**9)
+        clamped = await rec.next("conversation.item.truncated")
+        assert 0 < clamped.audio_end_ms <= heard + 1
+        await conn.conversation.item.truncate(item_id=item_id, content_index=0, audio_end_ms=400)
+        truncated = await rec.next("conversation.item.truncated")
+        kept = session.conversation.get(item_id).content[0].transcript
+        assert truncated.audio_end_ms == 400 and len(kept) < len(full) and full.startswith(kept)
+        await conn.response.cancel()
+        cancelled = await rec.next("response.done")
+        assert cancelled.response.id == second.response.id
+        assert cancelled.response.status_details.reason == "client_cancelled"
+        await rec.close()
+    deadline = time.monotonic() + 10
+    while engine.stats().active_requests:
+        assert time.monotonic() < deadline, engine.stats()
+        await asyncio.sleep(0.05)
+
+
+async def test_disconnect_aborts_the_response_everywhere(
+    server: ServerThread, voice: dict[str, np.ndarray]
+) -> None:
+    app = server.server.config.app
+    engine = app.state.lifecycle.engine
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        await conn.session.update(session=fixed(24, 150, audio={"input": {"turn_detection": None}}))
+        await send_audio(conn, pcm16(voice["two"]))
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        await rec.next("response.output_audio.delta", timeout=30)
+        assert engine.stats().active_requests == 1
+        await rec.close()
+    deadline = time.monotonic() + 10
+    while True:
+        stats = engine.stats()
+        idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
+        if idle and not stats.active_requests and not app.state.realtime.sessions:
+            break
+        assert time.monotonic() < deadline, (stats, app.state.realtime.sessions)
+        await asyncio.sleep(0.05)
+    assert app.state.admission.in_flight == 0
