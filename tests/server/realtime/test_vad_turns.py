@@ -1,0 +1,89 @@
+"""Silero VAD on espeak-ng speech, and the server_vad turn detector and input buffer on top of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soxr
+
+from omnivoice.audio.vad import FRAME, SileroVad
+from omnivoice.server.realtime.input_audio import (
+    BufferFull,
+    InputBuffer,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+)
+from omnivoice.server.realtime.session_config import TurnDetection
+
+from .rt import speak
+
+
+@pytest.fixture(scope="module")
+def vad() -> SileroVad:
+    return SileroVad()
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    pcm = speak("Hello there, this is a test of voice activity detection.", tmp_path_factory.mktemp("vad"))
+    return soxr.resample(pcm, 24000, 16000).astype(np.float32)
+
+
+def test_speech_scores_high_and_silence_low(vad: SileroVad, speech: np.ndarray) -> None:
+    stream = vad.stream()
+    silence = stream.process(np.zeros(16000, np.float32))
+    assert len(silence) == 16000 // FRAME and max(silence) < 0.2
+    voiced = stream.process(speech)
+    assert np.mean(np.array(voiced) > 0.5) > 0.5
+
+
+def test_chunking_does_not_change_probabilities(vad: SileroVad, speech: np.ndarray) -> None:
+    whole = vad.stream().process(speech)
+    stream, pieces = vad.stream(), []
+    for i in range(0, speech.size, 333):
+        pieces += stream.process(speech[i : i + 333])
+    np.testing.assert_allclose(pieces, whole[: len(pieces)], atol=1e-5)
+
+
+def test_turn_detector_on_speech(vad: SileroVad, speech: np.ndarray) -> None:
+    audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(16000, np.float32)])
+    detector = TurnDetector(TurnDetection(silence_duration_ms=500))
+    events = detector.update(vad.stream().process(audio))
+    assert isinstance(events[0], SpeechStarted) and isinstance(events[-1], SpeechStopped)
+    assert [type(e) for e in events] == [
+        SpeechStarted,
+        SpeechStopped,
+    ]  # espeak's short pauses stay in one turn
+    assert abs(events[0].position - 8000) < 3 * FRAME
+    end_of_speech = 8000 + speech.size
+    assert end_of_speech < events[1].position < end_of_speech + 16000
+
+
+def test_turn_detector_thresholds() -> None:
+    d = TurnDetector(TurnDetection(threshold=0.5, silence_duration_ms=64))
+    assert d.update([0.9, 0.1, 0.9]) == []  # one frame is a click, not speech
+    assert d.update([0.9]) == [SpeechStarted(2 * FRAME)]
+    assert d.update([0.4, 0.4, 0.4]) == []  # between the thresholds: still speaking
+    assert d.update([0.1, 0.1]) == [SpeechStopped(9 * FRAME)]
+
+
+def test_input_buffer_take_trim_and_limit() -> None:
+    b = InputBuffer(max_samples=100)
+    b.append(np.arange(60, dtype=np.float32))
+    b.trim(10)
+    assert (b.start, b.end, b.samples) == (10, 60, 50)
+    b.append(np.arange(60, 110, dtype=np.float32))
+    with pytest.raises(BufferFull):
+        b.append(np.zeros(1, np.float32))
+    np.testing.assert_array_equal(b.take(0, 20), np.arange(10, 20))  # clipped to what is held
+    assert b.start == 20 and b.take(100, 200).tolist() == list(range(100, 110)) and b.samples == 0
+
+
+def test_model_path_is_inside_the_silero_package() -> None:
+    from omnivoice.audio.vad import default_model_path
+
+    path = default_model_path()
+    assert isinstance(path, Path) and path.name.endswith(".onnx") and "silero_vad" in str(path)
