@@ -72,6 +72,8 @@ class FakeEngine:
     prompts: list[tuple[ChatMessage, ...]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
+    warmed: list[str] = field(default_factory=list)
+    forgotten: list[str] = field(default_factory=list)
     closed: bool = False
 
     @classmethod
@@ -146,6 +148,12 @@ class FakeEngine:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def warm(self, prompt: Prompt, cache_key: str) -> None:
+        self.warmed.append(cache_key)
+
+    def forget(self, cache_key: str) -> None:
+        self.forgotten.append(cache_key)
 
     def stats(self) -> EngineStats:
         running = len(self.running)

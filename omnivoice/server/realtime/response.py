@@ -152,6 +152,7 @@ class Response:
             voice=plan.voice,
             thinker=plan.thinker,
             talker=plan.talker,
+            cache_key=self.session_id if plan.in_conversation else None,  # KV kept between turns
         )
         async with aclosing(self._engine.generate(request)) as outputs:  # leaving early aborts every stage
             async for out in outputs:

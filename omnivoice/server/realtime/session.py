@@ -25,6 +25,7 @@ from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Conversa
 from omnivoice.server.realtime.input_audio import BufferFull, InputBuffer, SpeechStarted, TurnDetector
 from omnivoice.server.realtime.outbox import Outbox
 from omnivoice.server.realtime.planning import plan_response
+from omnivoice.server.realtime.prompting import build_prompt
 from omnivoice.server.realtime.response import Response, ResponsePlan
 from omnivoice.server.realtime.server_events import error, session_object
 from omnivoice.server.realtime.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
@@ -57,6 +58,7 @@ class Session:
         self._slot: Any = None
         self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
         self.last_response: Response | None = None
+        self._warm_task: asyncio.Task[None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -175,6 +177,20 @@ class Session:
         )
         if td.interrupt_response and self.response is not None:
             await self.response.cancel("turn_detected")
+        if self.response is None and self.conversation.items and self._warm_task is None:
+            self._warm_task = asyncio.create_task(self._warm(), name=f"warm-{self.id}")
+
+    async def _warm(self) -> None:
+        """Early start: while the user speaks, prefill the conversation so far into the engine's prefix
+        cache, so the turn's response prefills only the new audio."""
+        try:
+            built = await build_prompt(self.engine, self.conversation, self.settings.instructions)
+            if not isinstance(built, str):
+                await self.engine.warm(built[0], self.id)
+        except Exception:
+            log.warning("session %s: early prefill failed", self.id, exc_info=True)
+        finally:
+            self._warm_task = None
 
     def _speech_stopped(self, position: int) -> None:
         if self._speech is None:
@@ -194,8 +210,9 @@ class Session:
         self._turn_ended(item, create_response=bool(td and td.create_response))
 
     def _turn_ended(self, item: Item, create_response: bool) -> None:
-        """A user turn has ended (server VAD). The seam for early start: an engine that prefills while
-        the user speaks would be fed from `_append` and finish its prefill here."""
+        """A user turn has ended (server VAD): respond. The conversation before it was prefilled into
+        the engine's prefix cache when the speech started (`_warm`); feeding the user's audio while it
+        is still being spoken would hook in `_append`."""
         if not create_response:
             return
         if self.response is not None:
@@ -300,6 +317,10 @@ class Session:
         await r.cancel("client_cancelled")
 
     async def close(self) -> None:
-        """The client left: abort the in-flight response in every stage."""
+        """The client left: abort the in-flight response in every stage, free the cached prefix."""
         if self.response is not None:
             await self.response.cancel("client_cancelled")
+        if self._warm_task is not None:
+            self._warm_task.cancel()
+            await asyncio.gather(self._warm_task, return_exceptions=True)
+        self.engine.forget(self.id)
