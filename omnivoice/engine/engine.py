@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
+
+WORKER_CHECK_S = 1.0  # how often the dispatcher checks that every stage worker is alive
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class Engine:
         self._lock = threading.Lock()
         self._stage_stats: dict[str, StageStats] = {s: StageStats(s, 0, 0, 0, 0) for s in STAGES}
         self._closed = False
+        self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         voices = tuple(sorted(spec.speaker_ids))
         default_voice = profile.model.default_voice if profile.model.default_voice in voices else voices[0]
         self.info = ModelInfo(
@@ -132,6 +136,8 @@ class Engine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
         if self._closed:
             raise RuntimeError("engine is closed")
+        if self.failure:
+            raise RuntimeError(self.failure)
         rid = request.request_id
         if request.prefill_only and request.want_audio:
             raise ValueError("a prefill-only request produces no audio")
@@ -197,17 +203,29 @@ class Engine:
     # ---- dispatcher thread -------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
         inbox = self._pipeline.engine_inbox
+        next_check = time.monotonic() + WORKER_CHECK_S
         while not self._closed:
             try:
                 msg = inbox.get(timeout=0.2)
             except (OSError, ValueError, EOFError):  # connector closed at shutdown
                 return
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + WORKER_CHECK_S
+                self._check_workers()
             if msg is None:
                 continue
             try:
                 self._dispatch(msg)
             except Exception:
                 log.exception("engine dispatcher failed on %s", type(msg).__name__)
+
+    def _check_workers(self) -> None:
+        dead = [] if self._closed or self.failure else self._pipeline.dead_workers()
+        if dead:
+            self.failure = f"stage worker stopped: {', '.join(dead)}"
+            log.error("%s; failing %d in-flight requests", self.failure, len(self._requests))
+            for rid in list(self._requests):
+                self._fail(rid, self.failure)
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, StageStats):

@@ -119,6 +119,11 @@ class Pipeline:
                     self.stop()
                     raise PipelineStartError(f"{p.name} exited with code {p.exitcode} while starting")
 
+    def dead_workers(self) -> list[str]:
+        """Names of stage threads or processes that have stopped (only meaningful before stop())."""
+        dead = [t.name for t in self.threads if not t.is_alive()]
+        return dead + [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
+
     def send(self, stage: StageName, msg: Any) -> None:
         self.inboxes[stage].put(msg)
 

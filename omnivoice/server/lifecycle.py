@@ -77,6 +77,8 @@ class EngineLifecycle:
     def require(self) -> Any:
         """The running engine, or a 503 APIError."""
         if self.state == "ready":
+            if self.engine.failure:
+                raise service_unavailable(f"the engine failed: {self.engine.failure}")
             return self.engine
         if self.state == "starting":
             raise service_unavailable("the model is still loading; retry shortly")

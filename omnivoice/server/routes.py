@@ -12,9 +12,12 @@ from omnivoice.server.errors import not_found
 async def health(request: Request) -> Response:
     """200 `{"status": "ok"}` once the engine is up; 503 while it is starting, failed or closed."""
     lifecycle = request.app.state.lifecycle
-    if lifecycle.state == "ready":
+    failure = lifecycle.engine.failure if lifecycle.state == "ready" else None
+    if lifecycle.state == "ready" and not failure:
         return JSONResponse({"status": "ok"})
-    body = {"status": lifecycle.state}
+    body = {"status": "failed" if failure else lifecycle.state}
+    if failure:
+        body["error"] = failure
     if lifecycle.error:
         body["error"] = lifecycle.error
     return JSONResponse(body, status_code=503)

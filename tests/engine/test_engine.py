@@ -226,3 +226,32 @@ async def test_process_workers_match_thread_workers(tiny_checkpoint: Path) -> No
         assert tokens_of(p_outs) == tokens_of(t_outs)
         np.testing.assert_array_equal(audio_of(p_outs), audio_of(t_outs))
     assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} - shm_before == set()
+
+
+async def test_a_killed_stage_process_fails_in_flight_requests_instead_of_hanging(
+    tiny_checkpoint: Path,
+) -> None:
+    import signal
+
+    eng = await Engine.start(profile_for(tiny_checkpoint, worker="process"))
+    try:
+        req = request(eng, 0, thinker_tokens=200, talker_tokens=400)
+        outs: list = []
+
+        async def consume() -> None:
+            async for out in eng.generate(req):
+                outs.append(out)
+
+        task = asyncio.create_task(consume())
+        while not any(isinstance(o, AudioChunk) for o in outs):
+            await asyncio.sleep(0.01)
+        talker = next(p for p in eng._pipeline.processes if p.name.endswith("talker"))
+        os.kill(talker.pid, signal.SIGKILL)
+        await asyncio.wait_for(task, 10)
+        assert isinstance(outs[-1], Finished) and outs[-1].finish_reason == "error"
+        assert "talker" in (outs[-1].error or "")
+        assert eng.failure is not None
+        with pytest.raises(RuntimeError, match="talker"):
+            await collect(eng, request(eng, 2))
+    finally:
+        await eng.close()

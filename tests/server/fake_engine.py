@@ -75,6 +75,7 @@ class FakeEngine:
     warmed: list[str] = field(default_factory=list)
     forgotten: list[str] = field(default_factory=list)
     closed: bool = False
+    failure: str | None = None  # as Engine.failure: set when a stage worker died
 
     @classmethod
     def factory(

@@ -261,3 +261,14 @@ def test_metrics_after_requests(srv: FakeServer) -> None:
         "omnivoice_requests_in_flight 0.0",
     ):
         assert line in m.text
+
+
+def test_a_dead_stage_worker_turns_health_and_requests_into_503() -> None:
+    with serve_fake() as s:
+        assert httpx.get(f"{s.url}/health").status_code == 200
+        s.engine.failure = "stage worker stopped: omnivoice-talker (exit code -9)"
+        h = httpx.get(f"{s.url}/health")
+        assert h.status_code == 503 and h.json()["status"] == "failed"
+        assert "omnivoice-talker" in h.json()["error"]
+        r = httpx.post(f"{s.url}/v1/chat/completions", json={"messages": USER})
+        assert r.status_code == 503 and "omnivoice-talker" in r.json()["error"]["message"]
