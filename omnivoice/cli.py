@@ -3,6 +3,7 @@
 omnivoice serve [--profile PATH] [--host H] [--port P] [--log-level L]
 omnivoice bench ...                 (load benchmark; options from omnivoice.bench.cli)
 omnivoice bench engine ...          (in-process engine benchmark; options from omnivoice.bench.engine_cli)
+omnivoice bench realtime ...        (spoken /v1/realtime sessions; options from omnivoice.bench.realtime_cli)
 omnivoice profile check PATH
 """
 
@@ -23,8 +24,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_USAGE = 2
 
 
-def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
-    """The full parser; bench's own options are added only when `with_bench` (its import is lazy)."""
+def build_parser(with_bench: bool = False, with_realtime: bool = False) -> argparse.ArgumentParser:
+    """The full parser; the options of `bench` (HTTP) and `bench realtime` are added only when asked for
+    (their imports are lazy and need packages the engine alone does not)."""
     parser = argparse.ArgumentParser(
         prog="omnivoice",
         description="Real-time voice backend serving Qwen3-Omni thinker-talker models as a staged engine.",
@@ -68,6 +70,17 @@ def build_parser(with_bench: bool = False) -> argparse.ArgumentParser:
 
     add_engine_arguments(engine)
     engine.set_defaults(func=_bench_engine)
+    realtime = modes.add_parser(
+        "realtime",
+        help="concurrent spoken sessions against /v1/realtime: voice-to-voice latency and output gaps",
+        description="N sessions stream speech at real-time pace (server VAD ends each turn); reports "
+        "voice-to-voice latency p50/p95 and playback stalls of the returned audio.",
+    )
+    if with_realtime:  # its module needs soxr and websockets, which the GPU image lacks
+        from omnivoice.bench.realtime_cli import add_arguments as add_realtime_arguments
+
+        add_realtime_arguments(realtime)
+    realtime.set_defaults(func=_bench_realtime)
 
     profile = sub.add_parser("profile", help="work with deploy profiles", description="Deploy profile tools.")
     profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
@@ -85,9 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     positional = [a for a in args_list if not a.startswith("-")]
     # the HTTP client's options (and httpx) only for `bench` itself, not for `bench engine`
-    with_bench = positional[:1] == ["bench"] and positional[1:2] != ["engine"]
+    with_bench = positional[:1] == ["bench"] and positional[1:2] not in (["engine"], ["realtime"])
     try:
-        parser = build_parser(with_bench=with_bench)
+        parser = build_parser(with_bench=with_bench, with_realtime=positional[:2] == ["bench", "realtime"])
     except ImportError as e:
         print(f"omnivoice bench is not available: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -122,6 +135,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_engine(args: argparse.Namespace) -> int:
     from omnivoice.bench.engine_cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_realtime(args: argparse.Namespace) -> int:
+    from omnivoice.bench.realtime_cli import run
 
     configure_logging("info")
     return run(args)

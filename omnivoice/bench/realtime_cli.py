@@ -1,0 +1,176 @@
+"""`omnivoice bench realtime`: concurrent spoken sessions against a server's `/v1/realtime`.
+
+Reports voice-to-voice latency (end of the caller's speech to the first audio delta) p50/p95, its
+parts (turn detection, response), and gaps in the output audio (playback stalls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soxr
+
+from omnivoice.audio import decode_wav
+from omnivoice.bench.metrics import percentile, playback_stall
+from omnivoice.bench.realtime_load import RATE, RealtimeLoadConfig, TurnRecord, run_realtime_load
+from omnivoice.bench.report import describe_machine
+
+DEFAULT_SPEECH = "Hello there. Could you tell me a short story about a lighthouse keeper?"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)")
+    a("--model", default="omnivoice", help="sent as ?model=")
+    a("--sessions", type=int, default=1, help="concurrent sessions")
+    a("--turns", type=int, default=3, help="spoken turns per session")
+    a("--warmups", type=int, default=1, help="turns of one session run first and left out")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--speech-text", default=DEFAULT_SPEECH, help="what each caller says (espeak-ng)")
+    src.add_argument("--speech-wav", type=Path, default=None, help="a WAV file each caller plays instead")
+    a("--silence-ms", type=int, default=500, help="server_vad silence_duration_ms")
+    a("--max-output-tokens", type=int, default=None, help="session max_output_tokens")
+    a("--audio-frames", type=int, default=None, help="omnivoice only: fixed talker frames per response")
+    a("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    a("--output-json", type=Path, default=None, help="write the report as JSON here")
+    a("--machine", default=None, help="machine description for the report (default: read off this host)")
+    a("--quiet", action="store_true", help="no line per turn on stderr")
+
+
+def load_speech(args: argparse.Namespace) -> bytes:
+    """The caller's clip as 24 kHz pcm16, from --speech-wav or spoken by espeak-ng."""
+    if args.speech_wav is not None:
+        pcm, rate = decode_wav(args.speech_wav.read_bytes())
+    else:
+        if shutil.which("espeak-ng") is None:
+            raise ValueError("espeak-ng is not installed: install it or pass --speech-wav")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "speech.wav"
+            subprocess.run(["espeak-ng", "-w", str(path), args.speech_text], check=True, capture_output=True)
+            pcm, rate = decode_wav(path.read_bytes())
+    x = soxr.resample(pcm, rate, RATE) if rate != RATE else pcm
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def summarize(records: list[TurnRecord], duration_s: float) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+
+    def stats(values: list[float]) -> dict[str, float | None]:
+        if not values:
+            return {"mean": None, "p50": None, "p95": None}
+        ms = [1000 * v for v in values]
+        return {"mean": sum(ms) / len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95)}
+
+    stalls = [playback_stall(r.chunks) for r in ok]
+    return {
+        "turns": len(ok),
+        "errors": len(records) - len(ok),
+        "duration_s": duration_s,
+        "voice_to_voice_ms": stats([r.first_audio - r.speech_end for r in ok if r.first_audio]),
+        "turn_detection_ms": stats([r.stopped - r.speech_end for r in ok if r.stopped]),
+        "response_ms": stats([r.first_audio - r.stopped for r in ok if r.first_audio and r.stopped]),
+        "max_stall_ms": 1000 * max(stalls) if stalls else None,
+        "mean_stall_ms": 1000 * sum(stalls) / len(stalls) if stalls else None,
+        "turns_with_stall_over_100ms": sum(s > 0.1 for s in stalls),
+        "audio_seconds": sum(s for r in ok for _, s in r.chunks),
+        "statuses": {s: sum(r.status == s for r in ok) for s in sorted({r.status or "-" for r in ok})},
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    def row(name: str, s: dict[str, float | None]) -> str:
+        cells = " / ".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "p50", "p95"))
+        return f"{name:<28} {cells}"
+
+    s = report["summary"]
+    lines = [
+        f"realtime: {report['sessions']} sessions x {report['turns_per_session']} turns, {report['machine']}",
+        f"{'turns ok / errors':<28} {s['turns']} / {s['errors']}",
+        "latency ms                   mean / p50 / p95",
+        row("voice-to-voice", s["voice_to_voice_ms"]),
+        row("  turn detection (VAD)", s["turn_detection_ms"]),
+        row("  response (to 1st audio)", s["response_ms"]),
+        f"{'max / mean playback stall ms':<28} "
+        + " / ".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("max_stall_ms", "mean_stall_ms")),
+        f"{'turns with a stall > 100 ms':<28} {s['turns_with_stall_over_100ms']}",
+        f"{'audio received s':<28} {s['audio_seconds']:.1f} in {s['duration_s']:.1f} s",
+        f"{'response status':<28} {s['statuses']}",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """0 if at least one measured turn got audio, 1 if none did, 2 on bad options."""
+    if args.sessions < 1 or args.turns < 1 or args.warmups < 0:
+        print("omnivoice bench realtime: --sessions and --turns must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        speech = load_speech(args)
+    except (ValueError, OSError, subprocess.CalledProcessError) as e:
+        print(f"omnivoice bench realtime: {e}", file=sys.stderr)
+        return 2
+    url = args.base_url.rstrip("/").replace("http", "ws", 1) + f"/v1/realtime?model={args.model}"
+    common = dict(
+        url=url,
+        speech=speech,
+        silence_ms=args.silence_ms,
+        max_output_tokens=args.max_output_tokens,
+        audio_frames=args.audio_frames,
+        api_key=args.api_key,
+    )
+
+    def progress(r: TurnRecord) -> None:
+        if args.quiet:
+            return
+        if not r.ok:
+            print(f"[session {r.session} turn {r.turn}] error: {r.error}", file=sys.stderr, flush=True)
+            return
+        v2v = 1000 * (r.first_audio - r.speech_end) if r.first_audio else float("nan")
+        stall = 1000 * playback_stall(r.chunks)
+        audio = sum(s for _, s in r.chunks)
+        print(
+            f"[session {r.session} turn {r.turn}] v2v {v2v:.0f} ms, audio {audio:.2f} s, "
+            f"stall {stall:.0f} ms, {r.status}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    print(
+        f"realtime bench {url}: {args.sessions} sessions x {args.turns} turns, speech "
+        f"{len(speech) / 2 / RATE:.2f} s",
+        file=sys.stderr,
+    )
+    if args.warmups:
+        asyncio.run(
+            run_realtime_load(RealtimeLoadConfig(sessions=1, turns=args.warmups, **common), lambda r: None)
+        )
+    cfg = RealtimeLoadConfig(sessions=args.sessions, turns=args.turns, **common)
+    records, duration = asyncio.run(run_realtime_load(cfg, progress))
+    report = {
+        "kind": "realtime",
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "machine": args.machine or describe_machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "url": url,
+        "sessions": args.sessions,
+        "turns_per_session": args.turns,
+        "speech_seconds": len(speech) / 2 / RATE,
+        "summary": summarize(records, duration),
+    }
+    print(format_table(report))
+    if args.output_json is not None:
+        args.output_json.parent.mkdir(parents=True, exist_ok=True)
+        args.output_json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.output_json}", file=sys.stderr)
+    return 0 if report["summary"]["turns"] > 0 else 1

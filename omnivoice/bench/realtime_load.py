@@ -1,0 +1,159 @@
+"""Realtime load: N concurrent `/v1/realtime` sessions, each a caller speaking at real-time pace.
+
+Every session streams its microphone continuously in 20 ms chunks on an absolute clock: the speech
+clip, then silence until the response is done, then the next turn. The server's VAD ends each turn.
+Per turn, on one monotonic clock:
+
+- voice-to-voice: first `response.output_audio.delta` - the moment the last speech chunk was sent
+  (includes the VAD's silence wait, as a caller experiences it);
+- turn detection: `speech_stopped` arrival - end of speech; response: first audio - `speech_stopped`;
+- stall: the longest wait of a player that starts at the first delta (bench.metrics.playback_stall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import websockets
+
+RATE = 24000
+CHUNK_MS = 20
+
+
+@dataclass(frozen=True)
+class RealtimeLoadConfig:
+    url: str  # ws://host:port/v1/realtime
+    speech: bytes  # pcm16 24 kHz mono
+    sessions: int = 1
+    turns: int = 3
+    silence_ms: int = 500  # server_vad silence_duration_ms
+    gap_s: float = 0.5  # silence after a response ends before the next turn's speech
+    max_output_tokens: int | None = None
+    audio_frames: int | None = None  # omnivoice extension: fixed talker frames
+    turn_timeout_s: float = 120.0
+    api_key: str | None = None
+
+
+@dataclass
+class TurnRecord:
+    session: int
+    turn: int
+    speech_end: float = 0.0
+    stopped: float | None = None
+    first_audio: float | None = None
+    done: float | None = None
+    chunks: list[tuple[float, float]] = field(default_factory=list)
+    status: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.first_audio is not None
+
+
+class _Caller:
+    """One session: a sender streaming the microphone and a reader filling the current TurnRecord."""
+
+    def __init__(self, cfg: RealtimeLoadConfig, index: int, on_turn: Callable[[TurnRecord], None]) -> None:
+        self.cfg = cfg
+        self.index = index
+        self.on_turn = on_turn
+        self.turn: TurnRecord | None = None
+        self.turn_done = asyncio.Event()
+
+    async def run(self) -> None:
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        async with websockets.connect(self.cfg.url, additional_headers=headers, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.update", "session": self._session()}))
+            reader = asyncio.create_task(self._read(ws))
+            try:
+                await self._speak(ws)
+            finally:
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+
+    def _session(self) -> dict[str, Any]:
+        td = {"type": "server_vad", "silence_duration_ms": self.cfg.silence_ms}
+        session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": td}}}
+        if self.cfg.max_output_tokens:
+            session["max_output_tokens"] = self.cfg.max_output_tokens
+        if self.cfg.audio_frames:
+            tokens = self.cfg.max_output_tokens or 0
+            session["omnivoice"] = {"output_audio_frames": self.cfg.audio_frames, "min_output_tokens": tokens}
+        return session
+
+    async def _speak(self, ws: Any) -> None:
+        step = RATE * 2 * CHUNK_MS // 1000
+        clock = time.monotonic()
+        for n in range(self.cfg.turns):
+            self.turn = TurnRecord(self.index, n)
+            self.turn_done.clear()
+            for i in range(0, len(self.cfg.speech), step):
+                clock = await _send_at(ws, self.cfg.speech[i : i + step], clock)
+            self.turn.speech_end = time.monotonic()
+            silence = bytes(step)
+            deadline = time.monotonic() + self.cfg.turn_timeout_s
+            while not self.turn_done.is_set():
+                if time.monotonic() > deadline:
+                    self.turn.error = "timeout"
+                    break
+                clock = await _send_at(ws, silence, clock)
+            gap_end = time.monotonic() + self.cfg.gap_s
+            while time.monotonic() < gap_end:
+                clock = await _send_at(ws, silence, clock)
+            self.on_turn(self.turn)
+
+    async def _read(self, ws: Any) -> None:
+        async for message in ws:
+            event = json.loads(message)
+            now, turn, kind = time.monotonic(), self.turn, event.get("type")
+            if turn is None:
+                continue
+            if kind == "input_audio_buffer.speech_stopped" and turn.stopped is None:
+                turn.stopped = now
+            elif kind == "response.output_audio.delta":
+                turn.first_audio = turn.first_audio or now
+                turn.chunks.append((now, len(base64.b64decode(event["delta"])) / (2 * RATE)))
+            elif kind == "response.done" and turn.stopped is not None:
+                turn.done, turn.status = now, event["response"]["status"]
+                self.turn_done.set()
+            elif kind == "error":
+                turn.error = event["error"].get("message", "error")
+                self.turn_done.set()
+
+
+async def _send_at(ws: Any, chunk: bytes, clock: float) -> float:
+    """Send one chunk at `clock` (absolute schedule: no drift); returns the next chunk's time."""
+    delay = clock - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    await ws.send(
+        json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(chunk).decode()})
+    )
+    return clock + CHUNK_MS / 1000
+
+
+async def run_realtime_load(
+    cfg: RealtimeLoadConfig, on_turn: Callable[[TurnRecord], None]
+) -> tuple[list[TurnRecord], float]:
+    """Run every session to its last turn; returns the turn records and the wall time taken."""
+    records: list[TurnRecord] = []
+
+    def record(turn: TurnRecord) -> None:
+        records.append(turn)
+        on_turn(turn)
+
+    t0 = time.monotonic()
+    results = await asyncio.gather(
+        *(_Caller(cfg, i, record).run() for i in range(cfg.sessions)), return_exceptions=True
+    )
+    for i, r in enumerate(results):
+        if isinstance(r, BaseException):
+            records.append(TurnRecord(i, -1, error=f"{type(r).__name__}: {r}"))
+    return records, time.monotonic() - t0
