@@ -1,0 +1,37 @@
+"""`omnivoice bench realtime` against a real server over the fake engine: spoken turns end by server VAD."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from omnivoice.bench.realtime_cli import add_arguments, format_table, run
+
+from ..server.fake_engine import Script
+from ..server.realtime.fake import serve_realtime
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_two_sessions_report_voice_to_voice_latency(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "rt.json"
+    with serve_realtime(Script(audio_chunks=4, delay=0.005)) as srv:
+        args = parser.parse_args(
+            ["--base-url", srv.url, "--sessions", "2", "--turns", "1", "--warmups", "0", "--speech-text",
+             "Hello there.", "--silence-ms", "300", "--quiet", "--output-json", str(out)]
+        )  # fmt: skip
+        assert run(args) == 0
+    report = json.loads(out.read_text())
+    s = report["summary"]
+    assert s["turns"] == 2 and s["errors"] == 0
+    v2v = s["voice_to_voice_ms"]
+    assert 0 < v2v["p50"] <= v2v["p95"] < 3000
+    assert s["turn_detection_ms"]["p50"] > 0 and s["audio_seconds"] == pytest.approx(0.8, abs=0.01)
+    assert "voice-to-voice" in capsys.readouterr().out and "voice-to-voice" in format_table(report)
