@@ -8,7 +8,7 @@ import torch
 
 from omnivoice.engine.types import Sampling
 from omnivoice.runners.decoder import DecoderStack
-from omnivoice.runners.sampling import RequestSampler
+from omnivoice.runners.sampling import RequestSampler, sample_rows
 
 # transformers' generate() samples the residual codebooks with these when the talker samples
 _SAMPLED = Sampling(temperature=1.0, top_k=50, top_p=0.8)
@@ -40,9 +40,7 @@ class CodePredictor:
             embeds: list[torch.Tensor] = []
             for k in range(self.groups - 1):
                 logits = self.heads[k](h[:, -1])  # [B, V]
-                code = torch.tensor(
-                    [smp.sample(logits[i]) for i, smp in enumerate(samplers)], device=self.device
-                )
+                code = sample_rows(samplers, logits)  # [B], stays on the device: no sync per codebook
                 codes.append(code)
                 embeds.append(self.embeds[k](code))
                 if k == self.groups - 2:

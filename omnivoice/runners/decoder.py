@@ -15,6 +15,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omnivoice.runners.kv_cache import SlotKVCache
+from omnivoice.runners.transfer import to_device
 
 
 class DecoderStack:
@@ -54,7 +55,9 @@ class DecoderStack:
         """
         b, t, _ = h.shape
         device = h.device
-        start_t = torch.tensor(starts, device=device).unsqueeze(1)  # [B, 1]
+        start_idx = to_device(starts, device)  # [B]; made once per forward, copied without a sync
+        slot_idx = to_device(slots, device)
+        start_t = start_idx.unsqueeze(1)  # [B, 1]
         positions = start_t + torch.arange(t, device=device).unsqueeze(0)  # [B, T]
         cos, sin = self._rope(h, positions)
         length = max(starts) + t
@@ -70,7 +73,7 @@ class DecoderStack:
             residual = h
             x = layer.input_layernorm(h)
             h = residual + self._attention(
-                layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask
+                layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask, (slot_idx, start_idx)
             )
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i + 1 in keep:
@@ -79,13 +82,15 @@ class DecoderStack:
             cache.lengths[slot] = start + t
         return self.norm(h), kept
 
-    def _attention(self, attn, layer_idx, x, cos, sin, cache, slots, starts, length, mask) -> torch.Tensor:
+    def _attention(
+        self, attn, layer_idx, x, cos, sin, cache, slots, starts, length, mask, index
+    ) -> torch.Tensor:
         shape = (*x.shape[:-1], -1, self.head_dim)
         q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)  # [B, Hq, T, D]
         k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)  # [B, Hkv, T, D]
         v = attn.v_proj(x).view(shape).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        cache.write(layer_idx, slots, starts, k, v)
-        keys, values = cache.read(layer_idx, slots, length)
+        cache.write(layer_idx, slots, starts, k, v, index)
+        keys, values = cache.read(layer_idx, slots, length, index[0])
         out, _ = sdpa_attention_forward(attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling)
         return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())

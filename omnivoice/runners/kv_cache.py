@@ -41,20 +41,40 @@ class SlotKVCache:
         self._free.append(slot)
 
     def write(
-        self, layer: int, slots: list[int], starts: list[int], k: torch.Tensor, v: torch.Tensor
+        self,
+        layer: int,
+        slots: list[int],
+        starts: list[int],
+        k: torch.Tensor,
+        v: torch.Tensor,
+        index: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """k, v: [B, kv_heads, T, head_dim] for rows at positions starts[b] .. starts[b] + T."""
+        """k, v: [B, kv_heads, T, head_dim] for rows at positions starts[b] .. starts[b] + T.
+
+        `index` (slots, starts as device tensors) lets a one-token step of several rows write with one
+        indexed copy per tensor instead of one copy per row.
+        """
         t = k.shape[2]
+        if max(starts) + t > self.max_len:
+            raise RuntimeError(f"sequence exceeds the KV cache length {self.max_len}")
+        if t == 1 and len(slots) > 1 and index is not None:
+            slot_idx, start_idx = index
+            self.k[layer][slot_idx, :, start_idx] = k[:, :, 0]  # [B, kv_heads, head_dim]
+            self.v[layer][slot_idx, :, start_idx] = v[:, :, 0]
+            return
         for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-            if start + t > self.max_len:
-                raise RuntimeError(f"sequence exceeds the KV cache length {self.max_len}")
             self.k[layer, slot, :, start : start + t] = k[b]
             self.v[layer, slot, :, start : start + t] = v[b]
 
-    def read(self, layer: int, slots: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of `slots` up to `length`: [B, kv_heads, length, head_dim]."""
+    def read(
+        self, layer: int, slots: list[int], length: int, slot_idx: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `slots` up to `length`: [B, kv_heads, length, head_dim].
+
+        `slot_idx` is `slots` as a device tensor, made once per forward rather than once per layer.
+        """
         if len(slots) == 1:
             s = slots[0]
             return self.k[layer, s : s + 1, :, :length], self.v[layer, s : s + 1, :, :length]
-        idx = torch.tensor(slots, device=self.k.device)
+        idx = torch.tensor(slots, device=self.k.device) if slot_idx is None else slot_idx
         return self.k[layer, idx, :, :length], self.v[layer, idx, :, :length]

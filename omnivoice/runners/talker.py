@@ -19,7 +19,8 @@ from omnivoice.engine.chunks import CodecChunk, StageFinished, ThinkerChunk
 from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decoder import DecoderStack
-from omnivoice.runners.sampling import RequestSampler
+from omnivoice.runners.sampling import RequestSampler, sample_rows
+from omnivoice.runners.transfer import to_device
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -165,12 +166,12 @@ class TalkerRunner:
         return self._sample([seq], h[:, -1])
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
-        code0 = torch.tensor([s.code0 for s in seqs], device=self.device)
+        code0 = to_device([s.code0 for s in seqs], self.device)
         hidden = torch.stack([s.hidden for s in seqs])  # [B, Ht]
         residual, residual_embeds = self.predictor.predict(hidden, self.codec_embed(code0), seqs)
         frames = torch.cat([code0[:, None], residual], dim=1)  # [B, G]
         summed = torch.cat([self.codec_embed(code0)[:, None], residual_embeds], dim=1).sum(1)  # [B, Ht]
-        inputs = summed + torch.stack([self._trailing(s) for s in seqs])
+        inputs = summed + self._trailing(seqs)
         starts = [self.cache.lengths[s.slot] for s in seqs]
         h, _ = self.stack.forward(inputs[:, None], self.cache, [s.slot for s in seqs], starts)
         outs: list[Any] = []
@@ -182,18 +183,30 @@ class TalkerRunner:
         self._last_batch = len(seqs)
         return outs + self._sample(seqs, h[:, -1])
 
-    def _trailing(self, s: _Seq) -> torch.Tensor:
-        j = s.step + 1  # trailing_text_hidden[step] is the projection of forwarded token step + 1
-        if j < len(s.text):
-            return self.model.text_projection(s.text[j][None])[0]
-        return self.tts_eos if j == len(s.text) else self.tts_pad
+    def _trailing(self, seqs: list[_Seq]) -> torch.Tensor:
+        """[B, Ht]: each row's next trailing text embedding (projected text, then tts_eos, then tts_pad)."""
+        rows: list[torch.Tensor | None] = []
+        texts: list[torch.Tensor] = []
+        for s in seqs:
+            j = s.step + 1  # trailing_text_hidden[step] is the projection of forwarded token step + 1
+            if j < len(s.text):
+                texts.append(s.text[j])
+                rows.append(None)
+            else:
+                rows.append(self.tts_eos if j == len(s.text) else self.tts_pad)
+        projected = iter(self.model.text_projection(torch.stack(texts)) if texts else ())
+        return torch.stack([next(projected) if r is None else r for r in rows])
 
     def _sample(self, seqs: list[_Seq], hidden: torch.Tensor) -> list[Any]:
         logits = self.model.codec_head(hidden)  # [B, V]
+        samplers = [s.sampler for s in seqs]
+        assert all(smp is not None for smp in samplers)
+        tokens = sample_rows(samplers, logits).tolist()  # type: ignore[arg-type]  # the step's one sync
         outs: list[Any] = []
         for b, s in enumerate(seqs):
             assert s.sampler is not None
-            token = s.sampler.sample(logits[b])
+            token = tokens[b]
+            s.sampler.record(token)
             s.code0, s.hidden = token, hidden[b]
             reason = None
             if s.sampler.is_end(token):

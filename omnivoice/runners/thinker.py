@@ -15,8 +15,9 @@ from omnivoice.engine.chunks import ForgetPrefix, NewRequest, StageFinished, Thi
 from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
-from omnivoice.runners.sampling import RequestSampler
+from omnivoice.runners.sampling import RequestSampler, sample_rows
 from omnivoice.runners.thinker_inputs import embed_prompt
+from omnivoice.runners.transfer import to_device
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -170,7 +171,7 @@ class ThinkerRunner:
             self.cache.release(seq.slot)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
-        tokens = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
+        tokens = to_device([s.last_token for s in seqs], self.device)[:, None]  # [B, 1]
         slots = [s.slot for s in seqs]
         starts = [self.cache.lengths[s.slot] for s in seqs]
         embeds = self.embed(tokens)  # [B, 1, H]
@@ -186,9 +187,14 @@ class ThinkerRunner:
 
     def _emit(self, seqs: list[_Seq], logits: torch.Tensor, first_chunk: dict | None = None) -> list[Any]:
         outs: list[Any] = []
+        sampled = sample_rows([s.sampler for s in seqs], logits)  # [B] on the device
+        # the talker's inputs: embeddings of the new tokens, brought over with the tokens in one go
+        embeds = _np(self.embed(sampled)) if any(s.request.want_audio for s in seqs) else None
+        tokens = sampled.tolist()
         for b, seq in enumerate(seqs):
             rid = seq.request.request_id
-            token = seq.sampler.sample(logits[b])
+            token = tokens[b]
+            seq.sampler.record(token)
             seq.generated.append(token)
             seq.last_token = token
             outs.append(TokenOutput(rid, (token,)))
@@ -198,18 +204,23 @@ class ThinkerRunner:
             elif len(seq.generated) >= seq.sampler.params.max_tokens:
                 reason = "length"
             if seq.request.want_audio:
-                outs.append(self._talker_chunk(seq, token, reason is not None, (first_chunk or {}).get(rid)))
+                assert embeds is not None
+                chunk = self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, first_chunk)
+                outs.append(chunk)
             if reason is not None:
                 outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len))
                 self.running.pop(rid)
                 self._retire(seq)
         return outs
 
-    def _talker_chunk(self, seq: _Seq, token: int, final: bool, first: ThinkerChunk | None) -> ThinkerChunk:
+    def _talker_chunk(
+        self, seq: _Seq, token: int, embed: np.ndarray, final: bool, first_chunk: dict | None
+    ) -> ThinkerChunk:
         # The final token is never fed through the thinker, so the talker never sees it (as in
         # transformers' generate()): the chunk that reports the end carries no token.
+        first: ThinkerChunk | None = (first_chunk or {}).get(seq.request.request_id)
         ids: tuple[int, ...] = () if final else (token,)
-        embeds = None if final else _np(self.embed(torch.tensor([token], device=self.device)))
+        embeds = None if final else embed  # [1, H]
         if first is not None:
             return ThinkerChunk(
                 first.request_id,

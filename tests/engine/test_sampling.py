@@ -6,7 +6,7 @@ from transformers.generation.logits_process import (
 )
 
 from omnivoice.engine.types import Sampling
-from omnivoice.runners.sampling import RequestSampler
+from omnivoice.runners.sampling import RequestSampler, process_rows, sample_rows
 
 
 def test_processing_matches_transformers_processors() -> None:
@@ -56,3 +56,24 @@ def test_top_p_keeps_only_the_nucleus() -> None:
     logits = torch.tensor([10.0, 9.0, -5.0, -6.0])
     s = RequestSampler(Sampling(temperature=1.0, top_p=0.5, seed=1), end_ids=[])
     assert {s.sample(logits) for _ in range(50)} == {0}
+
+
+def test_a_batch_is_processed_and_sampled_row_by_row() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(4, 64)
+    logits[3, 10] = 20.0  # row 3's 0.3 nucleus is this one token
+    suppress = torch.tensor([60, 61])
+    samplers = [
+        RequestSampler(Sampling(repetition_penalty=1.3, min_tokens=3), [5], suppress, history=[1, 2, 2]),
+        RequestSampler(Sampling(temperature=0.7, top_k=4, seed=3), [5], suppress),
+        RequestSampler(Sampling(repetition_penalty=1.1), [5], suppress, history=[9]),
+        RequestSampler(Sampling(temperature=1.0, top_p=0.3, seed=4), [5], suppress),
+    ]
+    batch = process_rows(samplers, logits)
+    for b, s in enumerate(samplers):
+        torch.testing.assert_close(batch[b], s.process(logits[b]), rtol=0, atol=0)
+    for _ in range(20):
+        tokens = sample_rows(samplers, logits).tolist()
+        assert tokens[0] == int(batch[0].argmax()) and tokens[2] == int(batch[2].argmax())
+        assert tokens[1] in set(torch.topk(batch[1], 4).indices.tolist())
+        assert tokens[3] == 10
