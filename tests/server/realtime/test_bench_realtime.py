@@ -11,8 +11,8 @@ import pytest
 
 from omnivoice.bench.realtime_cli import add_arguments, format_table, run
 
-from ..server.fake_engine import Script
-from ..server.realtime.fake import serve_realtime
+from ..fake_engine import Script
+from .fake import serve_realtime
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
