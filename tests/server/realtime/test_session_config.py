@@ -1,0 +1,62 @@
+"""`session.update` payloads, GA and beta, into effective settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnivoice.server.realtime.session_config import (
+    EAGERNESS_SILENCE_MS,
+    SessionPatch,
+    SessionSettings,
+    SettingsError,
+    apply_patch,
+)
+
+VOICES = ("aiden", "chelsie", "ethan")
+
+
+def update(settings: SessionSettings, patch: dict) -> SessionSettings:
+    return apply_patch(settings, SessionPatch.model_validate(patch), VOICES, "ethan")
+
+
+def test_ga_and_beta_shapes_give_the_same_settings() -> None:
+    base = SessionSettings(voice="ethan")
+    ga = update(base, {
+        "type": "realtime", "output_modalities": ["text"], "max_output_tokens": 40,
+        "instructions": "be brief",
+        "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None},
+                  "output": {"format": {"type": "audio/pcma"}, "voice": "Chelsie"}},
+    })  # fmt: skip
+    beta = update(base, {
+        "modalities": ["text"], "max_response_output_tokens": 40, "instructions": "be brief",
+        "input_audio_format": "g711_ulaw", "output_audio_format": "g711_alaw", "turn_detection": None,
+        "voice": "chelsie",
+    })  # fmt: skip
+    assert ga == beta
+    assert ga.input_format.sample_rate == 8000 and ga.voice == "chelsie" and ga.turn_detection is None
+    assert ga.output_modalities == ("text",) and ga.max_output_tokens == 40
+
+
+def test_turn_detection_and_semantic_vad_eagerness() -> None:
+    s = SessionSettings(voice="ethan")
+    assert (
+        s.turn_detection is not None and s.turn_detection.silence_duration_ms == 500
+    )  # server_vad by default
+    s = update(s, {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 0.7,
+                                                          "silence_duration_ms": 200}}}})  # fmt: skip
+    assert s.turn_detection.threshold == 0.7 and s.turn_detection.prefix_padding_ms == 300
+    for eagerness, ms in EAGERNESS_SILENCE_MS.items():
+        td = update(s, {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}).turn_detection
+        assert td.type == "semantic_vad" and td.silence_duration_ms == ms
+    assert update(s, {"instructions": "x"}).turn_detection == s.turn_detection  # untouched when absent
+
+
+def test_openai_voices_map_to_the_default_and_unknown_voices_fail() -> None:
+    s = SessionSettings(voice="aiden")
+    assert update(s, {"voice": "alloy"}).voice == "ethan"
+    with pytest.raises(SettingsError) as e:
+        update(s, {"audio": {"output": {"voice": "nobody"}}})
+    assert e.value.param == "session.audio.output.voice"
+    with pytest.raises(SettingsError):
+        update(s, {"tools": [{"type": "function", "name": "f"}]})
+    assert update(s, {"max_output_tokens": "inf"}).max_output_tokens is None
