@@ -9,6 +9,7 @@ two copies of the 30B model do not fit one GPU.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from omnivoice.config import Profile
 from omnivoice.engine.types import GenerationRequest, Sampling
 from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.loader import ModelSpec, load_model
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,12 +80,16 @@ def run_transformers_baseline(
     stage = profile.stages.thinker
     dtype = _DTYPES[stage.dtype]
     torch.set_num_threads(stage.threads)  # as the engine's workers run (matters on CPU only)
+    started = time.perf_counter()
     if isinstance(source, DummySource):
         model, spec = build_dummy_model(source, stage.device, dtype)
     else:
         loaded = load_model(source, device=stage.device, dtype=dtype)
         model, spec = loaded.model, loaded.spec
         del loaded  # `model` must be the last reference, so the finally below frees it
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    log.info("transformers model ready in %.1f s", time.perf_counter() - started)
     try:
         warm_cfg = EngineLoadConfig(cfg.warmups, 1, 0, cfg.prompt_tokens, 4, 3, cfg.voice, cfg.seed + 1)
         for i, req in enumerate(make_requests(profile, spec, warm_cfg, newline_id, cfg.warmups, "warm")):
@@ -101,3 +108,4 @@ def run_transformers_baseline(
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+            log.info("baseline model freed: %.1f GB still allocated", torch.cuda.memory_allocated() / 1e9)

@@ -152,6 +152,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine = Engine.start_sync(profile)
     start_s = time.perf_counter() - started
+    import torch
+
+    if torch.cuda.is_available():
+        gb = torch.cuda.memory_allocated() / 1e9
+        print(f"GPU memory allocated after the engine start: {gb:.1f} GB", file=sys.stderr, flush=True)
     print(f"engine ready in {start_s:.1f} s; {cfg.num_prompts} requests (+{cfg.warmups} warm-up) "
           f"at concurrency {cfg.concurrency}", file=sys.stderr, flush=True)  # fmt: skip
 
