@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shlex
 import sys
 import time
@@ -48,6 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--baseline-requests", type=int, default=2, help="measured generate() calls of the baseline")
     a("--baseline-warmups", type=int, default=1, help="short generate() calls run before the baseline")
     a("--output-json", type=Path, default=None, help="write the report (baseline nested) as JSON here")
+    a(
+        "--records",
+        type=Path,
+        default=None,
+        help="append each finished request's timings here as a JSON line, as they finish (survives a kill)",
+    )
     a("--label", default=None, help="free text stored in the report")
     a("--machine", default=None, help="machine description for the report (default: read off this host)")
     a("--quiet", action="store_true", help="no line per completed request on stderr")
@@ -62,8 +69,11 @@ def _check(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
 
 
-def _progress(quiet: bool):
+def _progress(quiet: bool, records: Path | None):
     def show(phase: str, done: int, total: int, r: RequestRecord) -> None:
+        if records is not None:
+            with records.open("a") as f:
+                f.write(json.dumps({"phase": phase, **asdict(r)}) + "\n")
         if quiet:
             return
         head = f"[{phase} {done:>{len(str(total))}}/{total}]"
@@ -128,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     )
     source = resolve_model_path(profile)
     newline = _newline_id(source)
-    progress = _progress(args.quiet)
+    progress = _progress(args.quiet, args.records)
     meta: dict[str, Any] = {
         "label": args.label,
         "machine": args.machine or describe_machine(),
