@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from omnivoice.config import Profile
 from omnivoice.engine.chunks import Shutdown, StageName
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
+from omnivoice.logs import configure_logging
 
 if TYPE_CHECKING:
     from omnivoice.models.dummy import DummySource
@@ -43,9 +45,9 @@ def _stage_process_main(
 ) -> None:
     from omnivoice.runners.factory import build_runners
 
-    logging.basicConfig(
-        level=profile.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    # Ctrl-C reaches the whole process group; the server shuts the stages down with Shutdown messages.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging(profile.server.log_level)
     try:
         runner = build_runners(profile, model_path, only=(name,))[name]
     except Exception as e:  # report, so the engine fails fast instead of waiting
