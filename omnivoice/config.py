@@ -49,11 +49,22 @@ class StageConfig(_Strict):
     execution: Literal["eager"] = "eager"
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy
     worker: Literal["thread", "process"] = "process"
-    # stage replicas are planned (scale-out); one worker per stage today
-    replicas: int = Field(1, ge=1, le=1)
+    replicas: int = Field(1, ge=1, description="workers of this stage; a request sticks to one of each")
+    devices: tuple[str, ...] | None = Field(
+        None, description="one device per replica (e.g. [cuda:1, cuda:2]); default: every replica on `device`"
+    )
     threads: int = Field(1, ge=1, description="torch intra-op threads in this stage's worker")
     max_seq_len: int = Field(4096, ge=64, description="KV cache length per request")
     sampling: SamplingDefaults = SamplingDefaults()
+
+    @model_validator(mode="after")
+    def _check_devices(self) -> StageConfig:
+        if self.devices is not None and len(self.devices) != self.replicas:
+            raise ValueError(f"devices lists {len(self.devices)} devices for {self.replicas} replicas")
+        return self
+
+    def replica_device(self, replica: int) -> str:
+        return self.devices[replica] if self.devices is not None else self.device
 
 
 class ThinkerStage(StageConfig):
@@ -135,10 +146,24 @@ class RealtimeConfig(_Strict):
     max_audio_ahead_ms: int = Field(1000, ge=0, description="audio sent ahead of real-time playback")
 
 
+class TelephonyConfig(_Strict):
+    """`/v1/telephony/twilio`: phone calls over Twilio Media Streams, each a realtime session."""
+
+    public_url: str | None = Field(
+        None,
+        pattern=r"^wss?://[^/\s]+$",
+        description="ws(s)://host[:port] the carrier reaches this server at, for the TwiML; "
+        "null: wss:// and the Host of the TwiML request",
+    )
+    max_audio_ahead_ms: int = Field(200, ge=20, description="audio sent ahead of playback at the carrier")
+    mark_interval_ms: int = Field(100, ge=20, description="a mark after this much audio: played position")
+
+
 class Profile(_Strict):
     model: ModelConfig = ModelConfig()
     server: ServerConfig = ServerConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    telephony: TelephonyConfig = TelephonyConfig()
     stages: StagesConfig = StagesConfig()
 
     @model_validator(mode="after")

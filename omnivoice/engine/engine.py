@@ -14,13 +14,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.pipeline import STAGES, Pipeline
+from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.engine.stage import StageCrashed
 from omnivoice.engine.types import (
     AudioChunk,
@@ -85,7 +86,10 @@ class Engine:
         self._pipeline = pipeline
         self._requests: dict[str, _RequestState] = {}
         self._lock = threading.Lock()
-        self._stage_stats: dict[str, StageStats] = {s: StageStats(s, 0, 0, 0, 0) for s in STAGES}
+        self._stage_stats: dict[tuple[str, int], StageStats] = {
+            (s, r): StageStats(s, 0, 0, 0, 0, replica=r) for s in STAGES for r in range(pipeline.replicas(s))
+        }
+        self._router = ReplicaRouter(*(pipeline.replicas(s) for s in STAGES))
         self._closed = False
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         voices = tuple(sorted(spec.speaker_ids))
@@ -141,12 +145,15 @@ class Engine:
         rid = request.request_id
         if request.prefill_only and request.want_audio:
             raise ValueError("a prefill-only request produces no audio")
-        state = _RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"duplicate request id {rid}")
+            request = replace(request, route=self._router.assign(request))
+            state = _RequestState(
+                request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer)
+            )
             self._requests[rid] = state
-        self._pipeline.send("thinker", NewRequest(request))
+        self._pipeline.send("thinker", NewRequest(request), replica=request.route[0])
         try:
             while True:
                 out = await state.queue.get()
@@ -175,11 +182,15 @@ class Engine:
 
     def forget(self, cache_key: str) -> None:
         """Free the conversation's cached prefix (the session ended)."""
-        self._pipeline.send("thinker", ForgetPrefix(cache_key))
+        with self._lock:
+            replica = self._router.thinker_of(cache_key)
+            self._router.forget(cache_key)
+        if replica is not None:
+            self._pipeline.send("thinker", ForgetPrefix(cache_key), replica=replica)
 
     def _abort(self, request_id: str) -> None:
         with self._lock:
-            state = self._requests.pop(request_id, None)
+            state = self._pop(request_id)
         if state is None:
             return
         self._pipeline.broadcast(Abort(request_id))
@@ -188,9 +199,21 @@ class Engine:
             state.emit(Finished(request_id, "abort", self._usage(state)))
 
     def stats(self) -> EngineStats:
+        """Per stage, summed over its replicas (last_batch_size: the largest)."""
         with self._lock:
             active = len(self._requests)
-        return EngineStats(stages=tuple(self._stage_stats[s] for s in STAGES), active_requests=active)
+        per = self.replica_stats()
+        stages = tuple(_sum_stats(s, [x for x in per if x.name == s]) for s in STAGES)
+        return EngineStats(stages=stages, active_requests=active)
+
+    def replica_stats(self) -> tuple[StageStats, ...]:
+        """Every stage worker's own figures."""
+        return tuple(self._stage_stats.values())
+
+    def replica_load(self) -> list[list[int]]:
+        """Requests assigned to each replica of each stage (thinker, talker, code2wav)."""
+        with self._lock:
+            return self._router.load()
 
     async def close(self) -> None:
         if self._closed:
@@ -229,7 +252,7 @@ class Engine:
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, StageStats):
-            self._stage_stats[msg.name] = msg
+            self._stage_stats[(msg.name, msg.replica)] = msg
             return
         if isinstance(msg, StageCrashed):
             log.error("%s stage crashed: %s; failing its requests", msg.stage, msg.error)
@@ -267,18 +290,25 @@ class Engine:
     def _complete(self, state: _RequestState, reason: str) -> None:
         rid = state.request.request_id
         with self._lock:
-            self._requests.pop(rid, None)
+            self._pop(rid)
         state.done = True
         state.emit(Finished(rid, reason, self._usage(state)))  # type: ignore[arg-type]
 
     def _fail(self, rid: str, error: str) -> None:
         with self._lock:
-            state = self._requests.pop(rid, None)
+            state = self._pop(rid)
         if state is None or state.done:
             return
         self._pipeline.broadcast(Abort(rid))
         state.done = True
         state.emit(Finished(rid, "error", self._usage(state), error=error))
+
+    def _pop(self, rid: str) -> _RequestState | None:
+        """Forget a request (caller holds the lock) and give back its replicas' load."""
+        state = self._requests.pop(rid, None)
+        if state is not None:
+            self._router.release(state.request)
+        return state
 
     @staticmethod
     def _usage(state: _RequestState) -> Usage:
@@ -288,6 +318,18 @@ class Engine:
             completion_tokens=t.count if t else state.detok.count,
             audio_frames=state.audio.count if state.audio else 0,
         )
+
+
+def _sum_stats(name: str, parts: list[StageStats]) -> StageStats:
+    return StageStats(
+        name,
+        queued=sum(p.queued for p in parts),
+        running=sum(p.running for p in parts),
+        last_batch_size=max((p.last_batch_size for p in parts), default=0),
+        steps=sum(p.steps for p in parts),
+        busy_s=sum(p.busy_s for p in parts),
+        cached_tokens=sum(p.cached_tokens for p in parts),
+    )
 
 
 def resolve_model_path(profile: Profile) -> Path | DummySource:

@@ -36,10 +36,11 @@ class PipelineStartError(RuntimeError):
 
 def _stage_process_main(
     name: StageName,
+    replica: int,
     profile: Profile,
     model_path: Path | DummySource,
     inbox: Any,
-    downstream: Any,
+    downstream: list[Any],
     engine: Any,
     parent: int,
 ) -> None:
@@ -49,67 +50,79 @@ def _stage_process_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(profile.server.log_level)
     try:
-        runner = build_runners(profile, model_path, only=(name,))[name]
+        runner = build_runners(profile, model_path, only=((name, replica),))[(name, replica)]
     except Exception as e:  # report, so the engine fails fast instead of waiting
-        log.exception("%s stage failed to start", name)
+        log.exception("%s stage (replica %d) failed to start", name, replica)
         engine.put(StageCrashed(name, repr(e)))
         return
-    StageWorker(runner, inbox, downstream, engine, parent_pid=parent).run()
+    StageWorker(runner, inbox, downstream, engine, parent_pid=parent, replica=replica).run()
 
 
 @dataclass
 class Pipeline:
-    inboxes: dict[StageName, Connector]
+    inboxes: dict[StageName, list[Connector]]  # one inbox per replica of each stage
     engine_inbox: Connector
     threads: list[threading.Thread] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
 
     @classmethod
     def start(cls, profile: Profile, model_path: Path | DummySource, timeout: float = 600.0) -> Pipeline:
-        use_processes = any(profile.stages.stage(s).worker == "process" for s in STAGES)
+        cfg = profile.stages.stage
+        use_processes = any(cfg(s).worker == "process" for s in STAGES)
         ctx = mp.get_context("spawn")
 
         def make() -> Connector:
             return ShmConnector(ctx) if use_processes else LocalConnector()
 
-        inboxes: dict[StageName, Connector] = {s: make() for s in STAGES}
+        inboxes = {s: [make() for _ in range(cfg(s).replicas)] for s in STAGES}
         pipe = cls(inboxes=inboxes, engine_inbox=make())
-        downstream: dict[StageName, Connector | None] = {
+        downstream: dict[StageName, list[Connector]] = {
             "thinker": inboxes["talker"],
             "talker": inboxes["code2wav"],
-            "code2wav": None,
+            "code2wav": [],
         }
-        in_thread = [s for s in STAGES if profile.stages.stage(s).worker == "thread"]
+        workers = [(s, r) for s in STAGES for r in range(cfg(s).replicas)]
+        in_thread = tuple(w for w in workers if cfg(w[0]).worker == "thread")
         if in_thread:
             from omnivoice.runners.factory import build_runners
 
-            runners = build_runners(profile, model_path, only=tuple(in_thread))
-            for s in in_thread:
-                worker = StageWorker(runners[s], inboxes[s], downstream[s], pipe.engine_inbox)
-                t = threading.Thread(target=worker.run, name=f"stage-{s}", daemon=True)
+            runners = build_runners(profile, model_path, only=in_thread)
+            for s, r in in_thread:
+                worker = StageWorker(
+                    runners[(s, r)], inboxes[s][r], downstream[s], pipe.engine_inbox, replica=r
+                )
+                t = threading.Thread(target=worker.run, name=f"stage-{s}-{r}", daemon=True)
                 t.start()
                 pipe.threads.append(t)
-        for s in STAGES:
-            if s in in_thread:
+        for s, r in workers:
+            if (s, r) in in_thread:
                 continue
             p = ctx.Process(
                 target=_stage_process_main,
-                args=(s, profile, model_path, inboxes[s], downstream[s], pipe.engine_inbox, os.getpid()),
-                name=f"omnivoice-{s}",
+                args=(
+                    s,
+                    r,
+                    profile,
+                    model_path,
+                    inboxes[s][r],
+                    downstream[s],
+                    pipe.engine_inbox,
+                    os.getpid(),
+                ),
+                name=f"omnivoice-{s}-{r}",
                 daemon=True,
             )
             p.start()
             pipe.processes.append(p)
-        pipe._wait_ready(timeout)
+        pipe._wait_ready(set(workers), timeout)
         return pipe
 
-    def _wait_ready(self, timeout: float) -> None:
-        pending = set(STAGES)
+    def _wait_ready(self, pending: set[tuple[StageName, int]], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pending:
             msg = self.engine_inbox.get(timeout=0.5)
             if isinstance(msg, StageReady):
-                pending.discard(msg.stage)
+                pending.discard((msg.stage, msg.replica))
             elif isinstance(msg, StageCrashed):
                 self.stop()
                 raise PipelineStartError(f"{msg.stage} stage failed to start: {msg.error}")
@@ -126,12 +139,16 @@ class Pipeline:
         dead = [t.name for t in self.threads if not t.is_alive()]
         return dead + [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
 
-    def send(self, stage: StageName, msg: Any) -> None:
-        self.inboxes[stage].put(msg)
+    def replicas(self, stage: StageName) -> int:
+        return len(self.inboxes[stage])
+
+    def send(self, stage: StageName, msg: Any, replica: int = 0) -> None:
+        self.inboxes[stage][replica].put(msg)
 
     def broadcast(self, msg: Any) -> None:
         for s in STAGES:
-            self.inboxes[s].put(msg)
+            for inbox in self.inboxes[s]:
+                inbox.put(msg)
 
     def stop(self, timeout: float = 10.0) -> None:
         self.broadcast(Shutdown())
@@ -143,5 +160,5 @@ class Pipeline:
                 log.warning("%s did not stop in %.0f s; killing it", p.name, timeout)
                 p.kill()
                 p.join()
-        for c in [*self.inboxes.values(), self.engine_inbox]:
+        for c in [*(c for s in STAGES for c in self.inboxes[s]), self.engine_inbox]:
             c.close()

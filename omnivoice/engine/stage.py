@@ -32,6 +32,7 @@ from omnivoice.engine.types import StageStats
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.1
+STAGE_INDEX = {"thinker": 0, "talker": 1, "code2wav": 2}
 ABORTED_MEMORY = 4096
 
 
@@ -58,6 +59,7 @@ class StageRunner(Protocol):
 @dataclass(frozen=True)
 class StageReady:
     stage: StageName
+    replica: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,11 +73,15 @@ class StageWorker:
         self,
         runner: StageRunner,
         inbox: Connector,
-        downstream: Connector | None,
+        downstream: list[Connector],
         engine: Connector,
         parent_pid: int | None = None,
+        replica: int = 0,
     ) -> None:
         self.runner = runner
+        self.replica = replica
+        # the next stage's replica of each request in flight here (sticky: from its route)
+        self._next: dict[str, int] = {}
         self.parent_pid = parent_pid  # a stage process exits when the server that started it is gone
         self.inbox = inbox
         self.downstream = downstream
@@ -89,8 +95,8 @@ class StageWorker:
 
     def run(self) -> None:
         name = self.runner.name
-        self.engine.put(StageReady(name))
-        log.info("%s stage ready", name)
+        self.engine.put(StageReady(name, self.replica))
+        log.info("%s stage ready (replica %d)", name, self.replica)
         while True:
             if self.runner.has_work():
                 msgs = self.inbox.drain()
@@ -112,11 +118,15 @@ class StageWorker:
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, Abort):
             self._tombstone(msg.request_id)
+            self._next.pop(msg.request_id, None)
             self.runner.abort(msg.request_id)
             return
         rid = _request_id(msg)
         if rid in self._aborted:
             return
+        request = msg.request if isinstance(msg, NewRequest | ThinkerChunk) else None
+        if request is not None and self.downstream:
+            self._next[rid] = request.route[STAGE_INDEX[self.runner.name] + 1]
         try:
             self._route(self.runner.accept(msg))
         except Exception as e:
@@ -150,9 +160,11 @@ class StageWorker:
     def _route(self, outs: list[Any]) -> None:
         for out in outs:
             if isinstance(out, ThinkerChunk | CodecChunk):
-                if self.downstream is not None:
-                    self.downstream.put(out)
+                if self.downstream:
+                    self.downstream[self._next.get(out.request_id, 0)].put(out)
             elif isinstance(out, TokenOutput | PcmOutput | StageFinished):
+                if isinstance(out, StageFinished):
+                    self._next.pop(out.request_id, None)  # its last chunk downstream went before this
                 self.engine.put(out)
             else:
                 raise TypeError(f"{self.runner.name} produced an unroutable {type(out).__name__}")
@@ -166,7 +178,7 @@ class StageWorker:
         if idle_change or now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self._sent_stats = stats
-            self.engine.put(replace(stats, busy_s=self._busy_s))
+            self.engine.put(replace(stats, busy_s=self._busy_s, replica=self.replica))
 
 
 def _request_id(msg: Any) -> str:

@@ -60,6 +60,8 @@ class GenerationRequest:
     # Conversation key for the thinker's prefix cache: the next request with the same key prefills only
     # what its prompt adds to this one's prompt and answer (sessions set it; one-off requests don't).
     cache_key: str | None = None
+    # Replica of each stage (thinker, talker, code2wav) serving this request; the engine sets it.
+    route: tuple[int, int, int] = (0, 0, 0)
     # Only prefill the prompt into the prefix cache (early start while the user speaks); no output.
     prefill_only: bool = False
 
@@ -110,6 +112,7 @@ class StageStats:
     steps: int
     busy_s: float = 0.0  # wall time spent in the runner's step() since the stage started
     cached_tokens: int = 0  # prompt positions served from the prefix cache since the stage started
+    replica: int = 0  # which worker of the stage (engine.stats() sums them per stage)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,37 +19,63 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_runners(profile: Profile, path: Path | DummySource, only: tuple[StageName, ...]) -> dict[str, Any]:
-    """Load the checkpoint (or build the dummy model) once and build the runners named in `only`."""
+StageReplica = tuple[StageName, int]
+
+
+def build_runners(
+    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
+) -> dict[StageReplica, Any]:
+    """Load the checkpoint (or build the dummy model) once and build a runner per (stage, replica).
+
+    Replicas on one device share that device's copy of the weights (thread workers); a replica on
+    another device gets its own copy.
+    """
+    stages = profile.stages
+    threads = max(stages.stage(s).threads for s, _ in only)
+    torch.set_num_threads(threads)
+    first_cfg = stages.stage(only[0][0])
+    first_device = first_cfg.replica_device(only[0][1])
+    names = ", ".join(f"{s}#{r}" for s, r in only)
+    log.info("loading %s for %s (%s, %s)", path, names, first_device, first_cfg.dtype)
+    spec: ModelSpec
+    if isinstance(path, DummySource):  # random weights, built where the first stage runs
+        model, spec = build_dummy_model(path, first_device, _DTYPES[first_cfg.dtype])
+    else:
+        loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
+        model, spec = loaded.model, loaded.spec
+    placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
+    runners: dict[StageReplica, Any] = {}
+    for name, replica in only:
+        cfg = stages.stage(name)
+        device = torch.device(cfg.replica_device(replica))
+        dtype = _DTYPES[cfg.dtype]
+
+        def part(attr: str, device: torch.device = device, dtype: torch.dtype = dtype) -> Any:
+            key = (attr, str(device))
+            if key not in placed:
+                module = getattr(model, attr)
+                # the first placement moves the loaded module; further devices get copies
+                moved = any(k[0] == attr for k in placed)
+                placed[key] = (copy.deepcopy(module) if moved else module).to(device, dtype)
+            return placed[key]
+
+        runners[(name, replica)] = _runner(name, cfg, part, model, spec, stages, device)
+    log.info("runners ready: %s", names)
+    return runners
+
+
+def _runner(
+    name: str, cfg: Any, part: Any, model: Any, spec: ModelSpec, stages: Any, device: torch.device
+) -> Any:
     from omnivoice.runners.code2wav import Code2WavRunner
     from omnivoice.runners.talker import TalkerRunner
     from omnivoice.runners.thinker import ThinkerRunner
 
-    stages = profile.stages
-    threads = max(stages.stage(s).threads for s in only)
-    torch.set_num_threads(threads)
-    first = stages.stage(only[0])
-    log.info("loading %s for %s (%s, %s)", path, ", ".join(only), first.device, first.dtype)
-    spec: ModelSpec
-    if isinstance(path, DummySource):  # random weights, built where the first stage runs
-        model, spec = build_dummy_model(path, first.device, _DTYPES[first.dtype])
-    else:
-        loaded = load_model(path, device="cpu", dtype=_DTYPES[first.dtype])
-        model, spec = loaded.model, loaded.spec
-    runners: dict[str, Any] = {}
-    for name in only:
-        cfg = stages.stage(name)
-        device = torch.device(cfg.device)
-        dtype = _DTYPES[cfg.dtype]
-        if name == "thinker":
-            runners[name] = ThinkerRunner(model.thinker.to(device, dtype), spec, cfg, device)
-        elif name == "talker":
-            special = torch.tensor([spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id])
-            tts = model.thinker.get_input_embeddings()(special.to(model.thinker.device)).detach()
-            runners[name] = TalkerRunner(model.talker.to(device, dtype), tts, spec, cfg, device)
-        else:
-            runners[name] = Code2WavRunner(
-                model.code2wav.to(device, dtype), cfg, stages.code2wav.chunk, device
-            )
-    log.info("runners ready: %s", ", ".join(only))
-    return runners
+    if name == "thinker":
+        return ThinkerRunner(part("thinker"), spec, cfg, device)
+    if name == "talker":
+        special = torch.tensor([spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id])
+        embed = model.thinker.get_input_embeddings()
+        tts = embed(special.to(embed.weight.device)).detach()
+        return TalkerRunner(part("talker"), tts, spec, cfg, device)
+    return Code2WavRunner(part("code2wav"), cfg, stages.code2wav.chunk, device)

@@ -245,7 +245,7 @@ async def test_a_killed_stage_process_fails_in_flight_requests_instead_of_hangin
         task = asyncio.create_task(consume())
         while not any(isinstance(o, AudioChunk) for o in outs):
             await asyncio.sleep(0.01)
-        talker = next(p for p in eng._pipeline.processes if p.name.endswith("talker"))
+        talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
         os.kill(talker.pid, signal.SIGKILL)
         await asyncio.wait_for(task, 10)
         assert isinstance(outs[-1], Finished) and outs[-1].finish_reason == "error"

@@ -1,0 +1,55 @@
+"""Which replica of each stage serves a request: the least loaded, chosen once (sticky)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from omnivoice.engine.types import GenerationRequest
+
+AFFINITY_MEMORY = 65536  # conversations remembered for thinker affinity
+
+
+class ReplicaRouter:
+    """Least-loaded assignment per stage. A conversation (`cache_key`) keeps its thinker replica, since
+    its prefix cache lives there. Not thread-safe: the engine calls it under its lock."""
+
+    def __init__(self, thinker: int, talker: int, code2wav: int) -> None:
+        self._load = [[0] * thinker, [0] * talker, [0] * code2wav]
+        self._affinity: OrderedDict[str, int] = OrderedDict()
+
+    def assign(self, request: GenerationRequest) -> tuple[int, int, int]:
+        key = request.cache_key
+        thinker = self._affinity.get(key, -1) if key else -1
+        if thinker < 0:
+            thinker = _least(self._load[0])
+        if key:
+            self._affinity[key] = thinker
+            self._affinity.move_to_end(key)
+            while len(self._affinity) > AFFINITY_MEMORY:
+                self._affinity.popitem(last=False)
+        talker = _least(self._load[1]) if request.want_audio else 0
+        code2wav = _least(self._load[2]) if request.want_audio else 0
+        route = (thinker, talker, code2wav)
+        self._count(route, request.want_audio, +1)
+        return route
+
+    def release(self, request: GenerationRequest) -> None:
+        self._count(request.route, request.want_audio, -1)
+
+    def thinker_of(self, cache_key: str) -> int | None:
+        return self._affinity.get(cache_key)
+
+    def forget(self, cache_key: str) -> None:
+        self._affinity.pop(cache_key, None)
+
+    def load(self) -> list[list[int]]:
+        return [list(x) for x in self._load]
+
+    def _count(self, route: tuple[int, int, int], audio: bool, delta: int) -> None:
+        stages = 3 if audio else 1
+        for stage in range(stages):
+            self._load[stage][route[stage]] += delta
+
+
+def _least(load: list[int]) -> int:
+    return min(range(len(load)), key=load.__getitem__)
