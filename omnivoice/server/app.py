@@ -27,8 +27,14 @@ from omnivoice.server.chat import chat_completions
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.metrics import Metrics
+from omnivoice.server.page import page_routes
+from omnivoice.server.realtime.client_secrets import create_client_secret
 from omnivoice.server.realtime.connection import realtime_endpoint
 from omnivoice.server.realtime.service import RealtimeService
+from omnivoice.server.telephony.twilio_endpoint import twilio_endpoint
+from omnivoice.server.telephony.twiml import twilio_twiml
+from omnivoice.server.webrtc import signalling
+from omnivoice.server.webrtc.calls import CONNECT_TIMEOUT_S, Calls
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("omnivoice.access")
@@ -45,6 +51,8 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
     """
     lifecycle = EngineLifecycle(profile, engine_factory)
     admission = Admission(profile.server.max_concurrent_requests)
+    realtime = RealtimeService(profile.realtime)
+    calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=CONNECT_TIMEOUT_S)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -52,7 +60,10 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
         try:
             yield
         finally:
-            await lifecycle.close()
+            try:
+                await calls.close()  # WebRTC calls are no HTTP connections: uvicorn does not end them
+            finally:
+                await lifecycle.close()
 
     app = Starlette(
         routes=[
@@ -62,6 +73,12 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
+            Route("/v1/telephony/twilio/twiml", twilio_twiml, methods=["GET", "POST"]),
+            WebSocketRoute("/v1/telephony/twilio", twilio_endpoint),
+            Route("/v1/realtime/client_secrets", create_client_secret, methods=["POST"]),
+            Route("/v1/realtime/calls", signalling.create_call, methods=["POST"]),
+            Route("/v1/realtime/calls/{call_id}/hangup", signalling.hang_up, methods=["POST"]),
+            *page_routes(),
         ],
         middleware=[Middleware(RequestContextMiddleware)],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
@@ -71,7 +88,8 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
     app.state.created = int(time.time())
     app.state.lifecycle = lifecycle
     app.state.admission = admission
-    app.state.realtime = RealtimeService(profile.realtime)
+    app.state.realtime = realtime
+    app.state.webrtc = calls
     app.state.metrics = Metrics(in_flight=lambda: admission.in_flight, engine_stats=lifecycle.stats)
     return app
 

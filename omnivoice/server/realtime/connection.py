@@ -14,6 +14,7 @@ import time
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omnivoice.server.errors import APIError
+from omnivoice.server.realtime.client_secrets import authorize, presented_token
 from omnivoice.server.realtime.conversation import new_id
 from omnivoice.server.realtime.outbox import Outbox
 from omnivoice.server.realtime.server_events import error
@@ -29,10 +30,16 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     state = websocket.app.state
     service: RealtimeService = state.realtime
     offered = websocket.scope.get("subprotocols") or []
+    try:
+        preset = authorize(service.secrets, presented_token(websocket.headers, offered))
+    except APIError as e:
+        log.info("realtime connection refused: %s", e.message)
+        await _deny(websocket, e)
+        return
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     sid = new_id("sess")
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
-    outbox = Outbox(websocket, sid, beta)
+    outbox = Outbox(websocket.send_text, sid, beta)
     writer = asyncio.create_task(outbox.run(), name=f"realtime-writer-{sid}")
     session: Session | None = None
     reserved = False
@@ -51,6 +58,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
         session = Session(
             sid, engine, outbox, await service.vad(), profile=state.profile, admission=state.admission
         )
+        if preset:
+            session.apply_settings(preset)  # the client secret's settings; checked when it was issued
         service.sessions[sid] = session
         log.info(
             "session %s opened (model=%s, %s protocol)",
@@ -95,6 +104,14 @@ async def _read_loop(websocket: WebSocket, session: Session, idle_timeout_s: flo
         if data is None:
             data = message.get("bytes") or b""
         await session.handle(data)
+
+
+async def _deny(websocket: WebSocket, e: APIError) -> None:
+    """Refuse the handshake with an HTTP error (401 for a dead client secret), or close 1008."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(e.response())
+    else:
+        await websocket.close(1008, e.message)
 
 
 async def _close(websocket: WebSocket, outbox: Outbox, writer: asyncio.Task[None], code: int) -> None:

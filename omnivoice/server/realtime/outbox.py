@@ -3,6 +3,9 @@
 Producers (the event handler, the response task) never await the socket, so cancelling a response
 never cuts a frame in half, and a barge-in can drop audio deltas still queued (`drop`). Events are
 built in the GA dialect; a beta client (`OpenAI-Beta: realtime=v1`) gets the beta names.
+
+The WebSocket sends every event as text. A transport that plays the audio out itself (WebRTC)
+subclasses this and overrides `write` (audio deltas go to its track), `interrupt` and `clear_output`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
-from starlette.websockets import WebSocket
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -55,37 +58,66 @@ def _beta_content(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+class Queued(NamedTuple):
+    event: Event
+    on_sent: Callable[[], None] | None
+    pcm: np.ndarray | None  # an audio delta's audio: float32 at the output format's rate
+    rate: int
+
+
 class Outbox:
-    def __init__(self, websocket: WebSocket, session_id: str, beta: bool) -> None:
-        self._ws = websocket
+    def __init__(self, send_text: Callable[[str], Awaitable[None]], session_id: str, beta: bool) -> None:
+        self._send_text = send_text
         self._session_id = session_id
         self.beta = beta
-        self._queue: deque[tuple[Event, Callable[[], None] | None]] = deque()
+        self._queue: deque[Queued] = deque()
         self._wake = asyncio.Event()
         self._closing = False
 
-    def put(self, event: Event, on_sent: Callable[[], None] | None = None) -> None:
-        """Queue `event` (an `event_id` is added); `on_sent` runs once it is on the socket."""
+    def put(
+        self,
+        event: Event,
+        on_sent: Callable[[], None] | None = None,
+        pcm: np.ndarray | None = None,
+        rate: int = 0,
+    ) -> None:
+        """Queue `event` (an `event_id` is added); `on_sent` runs once it is on the socket (or, for
+        audio a transport plays out itself, once played). `pcm` at `rate` is an audio delta's audio."""
         event.setdefault("event_id", f"event_{uuid.uuid4().hex[:20]}")
-        self._queue.append((event, on_sent))
+        self._queue.append(Queued(event, on_sent, pcm, rate))
         self._wake.set()
 
     def drop(self, keep: Callable[[Event], bool]) -> int:
         """Remove queued events for which `keep` is false; returns how many were removed."""
         before = len(self._queue)
-        self._queue = deque(e for e in self._queue if keep(e[0]))
+        self._queue = deque(e for e in self._queue if keep(e.event))
         return before - len(self._queue)
+
+    def interrupt(self, response_id: str | None) -> str | None:
+        """The user spoke over the output (server VAD, `interrupt_response`); `response_id` is the
+        response in flight, if any. Over a WebSocket the client owns playout: nothing to do here.
+        A transport that plays out itself stops at once and returns the id of the item whose audio
+        it cut short."""
+        return None
+
+    def clear_output(self, response_id: str | None) -> None:
+        """`output_audio_buffer.clear`: drop the audio not yet sent."""
+        self.drop(lambda ev: ev["type"] != "response.output_audio.delta")
+        self.put({"type": "output_audio_buffer.cleared", "response_id": response_id})
+
+    async def write(self, q: Queued) -> None:
+        """Send one event (beta-renamed for beta clients), then run its `on_sent`."""
+        wire = to_beta(q.event) if self.beta else q.event
+        if wire is not None:
+            await self._send_text(json.dumps(wire, separators=(",", ":")))
+        if q.on_sent is not None:
+            q.on_sent()
 
     async def run(self) -> None:
         """Write queued events until `close()`; raises if the socket fails."""
         while True:
             while self._queue:
-                event, on_sent = self._queue.popleft()
-                wire = to_beta(event) if self.beta else event
-                if wire is not None:
-                    await self._ws.send_text(json.dumps(wire, separators=(",", ":")))
-                if on_sent is not None:
-                    on_sent()
+                await self.write(self._queue.popleft())
             if self._closing:
                 return
             self._wake.clear()

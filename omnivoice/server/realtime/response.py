@@ -212,7 +212,8 @@ class Response:
             await self._pacer.wait(piece.size / fmt.sample_rate)
             delta = base64.b64encode(fmt.encode(piece)).decode("ascii")
             event = {"type": "response.output_audio.delta", **self._where(), "delta": delta}
-            self._outbox.put(event, on_sent=lambda n=piece.size: _count_sent(ledger, n))
+            on_sent = lambda n=piece.size: _count_sent(ledger, n)  # noqa: E731
+            self._outbox.put(event, on_sent, pcm=piece, rate=fmt.sample_rate)
 
     def _on_finished(self, out: Finished) -> None:
         if out.finish_reason == "stop":

@@ -1,4 +1,5 @@
-"""App-wide realtime state, made by `create_app`: the open sessions (bounded) and the VAD model."""
+"""App-wide realtime state, made by `create_app`: the open sessions (bounded), the VAD model and the
+client secrets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import RealtimeConfig
+from omnivoice.server.realtime.client_secrets import ClientSecrets
 
 if TYPE_CHECKING:
     from omnivoice.server.realtime.session import Session
@@ -26,6 +28,7 @@ class RealtimeService:
         self._reserved = 0
         self._vad: SileroVad | None = None
         self._vad_lock = asyncio.Lock()
+        self.secrets = ClientSecrets()
 
     def reserve(self) -> None:
         """Claim a session slot or raise SessionLimitReached; pair with `release`."""

@@ -97,24 +97,27 @@ class Session:
         elif isinstance(e, p.ResponseCancel):
             await self._cancel_response(e)
         elif isinstance(e, p.OutputAudioClear):
-            self.outbox.drop(lambda ev: ev["type"] != "response.output_audio.delta")
-            self.outbox.put(
-                {"type": "output_audio_buffer.cleared", "response_id": self.response and self.response.id}
-            )
+            self.outbox.clear_output(self.response and self.response.id)
         else:
             items.handle(self, e)
 
     # ---- session.update ------------------------------------------------------------------------
     def _update(self, e: p.SessionUpdate) -> None:
+        self.apply_settings(e.session, e.event_id)
+        self.outbox.put({"type": "session.updated", "session": self._session_object()})
+
+    def apply_settings(self, session: dict[str, Any], event_id: str | None = None) -> None:
+        """Validate and apply a `session.update` object (nothing applies if any of it is bad: raises
+        ProtocolError). Also called before `start()` with a client secret's session settings."""
         try:
-            patch = SessionPatch.model_validate(e.session)
+            patch = SessionPatch.model_validate(session)
         except ValidationError as err:
-            raise p.session_patch_error(err, e.event_id) from None
+            raise p.session_patch_error(err, event_id) from None
         info = self.engine.info
         try:
             new = apply_patch(self.settings, patch, info.voices, info.default_voice)
         except SettingsError as err:
-            raise p.ProtocolError(str(err), "invalid_value", err.param, e.event_id) from None
+            raise p.ProtocolError(str(err), "invalid_value", err.param, event_id) from None
         old, self.settings = self.settings, new
         if new.input_format != old.input_format:
             self._in = StreamResampler(new.input_format.sample_rate, INPUT_RATE)
@@ -126,7 +129,6 @@ class Session:
                 self._vad.reset()
             self._detector = TurnDetector(new.turn_detection, position) if new.turn_detection else None
             self._speech = None
-        self.outbox.put({"type": "session.updated", "session": self._session_object()})
 
     # ---- input audio ---------------------------------------------------------------------------
     async def _append(self, e: p.AudioAppend) -> None:
@@ -135,14 +137,19 @@ class Session:
         if len(e.audio) * 3 // 4 > int(fmt.sample_rate * fmt.bytes_per_sample * seconds):
             message = f"the audio is longer than the input buffer's limit of {seconds:g} s"
             raise p.ProtocolError(message, "input_audio_buffer_too_large", "audio", e.event_id)
-        pcm = self._in.process(self._decode(e.audio, e.event_id))
+        await self.append_audio(self._in.process(self._decode(e.audio, e.event_id)), e.event_id)
+
+    async def append_audio(self, pcm: np.ndarray, event_id: str | None = None) -> None:
+        """Append mono float32 audio at 16 kHz and run turn detection. The WebSocket decodes and
+        resamples `input_audio_buffer.append`; WebRTC feeds the microphone track here."""
+        seconds = self.buffer.max_samples / INPUT_RATE
         if self._detector is not None and not self._detector.speaking:
             self.buffer.trim(self.buffer.end - self._keep_while_idle())
         try:
             self.buffer.append(pcm)
         except BufferFull:
             message = f"the input audio buffer is full ({seconds:g} s); commit or clear it"
-            raise p.ProtocolError(message, "input_audio_buffer_full", "audio", e.event_id) from None
+            raise p.ProtocolError(message, "input_audio_buffer_full", "audio", event_id) from None
         if self._detector is not None and pcm.size:
             probs = await asyncio.to_thread(self._vad.process, pcm)
             for ev in self._detector.update(probs):
@@ -175,8 +182,13 @@ class Session:
                 "item_id": self._speech[0],
             }
         )
-        if td.interrupt_response and self.response is not None:
-            await self.response.cancel("turn_detected")
+        if td.interrupt_response:
+            in_flight = self.response
+            cut = self.outbox.interrupt(in_flight and in_flight.id)  # WebRTC: server-side playout stops
+            if in_flight is not None:
+                await in_flight.cancel("turn_detected")  # its item keeps what was played
+            elif cut is not None:
+                self._truncate_played(cut)
         if self.response is None and self.conversation.items and self._warm_task is None:
             self._warm_task = asyncio.create_task(self._warm(), name=f"warm-{self.id}")
 
@@ -191,6 +203,12 @@ class Session:
             log.warning("session %s: early prefill failed", self.id, exc_info=True)
         finally:
             self._warm_task = None
+
+    def _truncate_played(self, item_id: str) -> None:
+        """A finished response whose playout the server cut short keeps only what was played."""
+        item = self.conversation.get(item_id)
+        if item is not None and item.ledger is not None:
+            items.apply_truncate(self, item, item.ledger.sent_ms)
 
     def _speech_stopped(self, position: int) -> None:
         if self._speech is None:

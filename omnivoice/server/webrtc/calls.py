@@ -1,0 +1,94 @@
+"""The app's WebRTC calls (`app.state.webrtc`): opened by signalling, each served by its own task,
+closed on hang-up, failure or ICE timeout, and all closed at shutdown. Each call holds one realtime
+session slot of `RealtimeService`, exactly as a WebSocket does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from omnivoice.server.realtime.conversation import new_id
+from omnivoice.server.realtime.service import RealtimeService
+from omnivoice.server.realtime.session import Session
+from omnivoice.server.webrtc.channel import DataChannelOutbox
+from omnivoice.server.webrtc.peer import Call
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 15.0  # from the answer to a connected peer (ICE + DTLS)
+
+
+class Calls:
+    def __init__(
+        self, service: RealtimeService, *, profile: Any, admission: Any, connect_timeout_s: float
+    ) -> None:
+        self._service = service
+        self._profile = profile
+        self._admission = admission
+        self.connect_timeout_s = connect_timeout_s
+        self.calls: dict[str, Call] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def open(self, engine: Any, offer_sdp: str, settings: dict[str, Any] | None) -> tuple[Call, str]:
+        """Start a call from the client's offer; returns it with the SDP answer.
+
+        Raises SessionLimitReached at the session limit, ValueError for an offer aiortc rejects,
+        ProtocolError for bad session `settings` (from a client secret)."""
+        if self._closed:
+            raise RuntimeError("the server is shutting down")
+        self._service.reserve()
+        sid = new_id("sess")
+        call: Call | None = None
+        try:
+            outbox = DataChannelOutbox(sid)
+            vad = await self._service.vad()
+            session = Session(sid, engine, outbox, vad, profile=self._profile, admission=self._admission)
+            if settings:
+                session.apply_settings(settings)
+            call = Call(new_id("rtc"), session, outbox)
+            answer = await call.answer(offer_sdp)
+        except BaseException:
+            if call is not None:
+                await call.close()
+            self._service.release(None)
+            raise
+        self._service.sessions[sid] = session
+        self.calls[call.id] = call
+        task = asyncio.create_task(self._serve(call), name=f"call-{call.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        log.info("%r opened", call)
+        return call, answer
+
+    async def _serve(self, call: Call) -> None:
+        try:
+            await call.run(self.connect_timeout_s)
+        except Exception:
+            log.exception("%r failed", call)
+            call.hang_up("internal error")
+        finally:
+            try:
+                await call.close()
+            finally:
+                self.calls.pop(call.id, None)
+                self._service.release(call.session.id)
+                log.info("%r closed: %s", call, call.end_reason)
+
+    def hang_up(self, call_id: str) -> bool:
+        """End the call `call_id` (the client's hang-up); False if there is no such call."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return False
+        call.hang_up("hung up by the client")
+        return True
+
+    async def close(self) -> None:
+        """Shutdown: end every call and wait until each is released."""
+        self._closed = True
+        for call in list(self.calls.values()):
+            call.hang_up("server shutting down")
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

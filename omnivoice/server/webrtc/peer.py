@@ -1,0 +1,191 @@
+"""One WebRTC call: an aiortc peer connection around one realtime session.
+
+The offer/answer follows aiortc's examples/server: setRemoteDescription, add our track, createAnswer,
+setLocalDescription (aiortc gathers its candidates there, so the answer is complete; no trickle ICE).
+Then `run` waits for the connection (or gives up after the ICE timeout) and serves the session: the
+microphone's audio and the data channel's events go through one inbox, handled in order, as the
+WebSocket's read loop does. The call ends on hang-up, on a failed or closed connection, when the
+data channel closes, or at shutdown; `close` releases everything, whatever ended it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any
+
+import numpy as np
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
+
+from omnivoice.server.realtime import protocol as p
+from omnivoice.server.realtime.conversation import INPUT_RATE
+from omnivoice.server.realtime.server_events import error
+from omnivoice.server.realtime.session import Session
+from omnivoice.server.webrtc.channel import LABEL, DataChannelOutbox
+from omnivoice.server.webrtc.tracks import read_microphone
+
+log = logging.getLogger(__name__)
+
+
+class Inbox:
+    """What the client sent, in arrival order: microphone audio (16 kHz float32) and event texts."""
+
+    def __init__(self) -> None:
+        self._items: deque[np.ndarray | str] = deque()
+        self.wake = asyncio.Event()
+
+    def put(self, item: np.ndarray | str) -> None:
+        self._items.append(item)
+        self.wake.set()
+
+    def take(self) -> np.ndarray | str | None:
+        """The next event text, or all the audio queued before the next event as one array."""
+        if not self._items:
+            self.wake.clear()
+            return None
+        first = self._items.popleft()
+        if isinstance(first, str):
+            return first
+        audio = [first]
+        while self._items and not isinstance(self._items[0], str):
+            audio.append(self._items.popleft())  # type: ignore[arg-type]
+        return np.concatenate(audio) if len(audio) > 1 else first
+
+
+class Call:
+    def __init__(self, call_id: str, session: Session, outbox: DataChannelOutbox) -> None:
+        self.id = call_id
+        self.session = session
+        self.outbox = outbox
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates: no STUN lookups
+        self.end_reason: str | None = None
+        self._inbox = Inbox()
+        self._connected = asyncio.Event()
+        self._ended = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writer: asyncio.Task[None] | None = None
+        self._full_reported = False
+        self._has_channel = False
+        self.pc.on("connectionstatechange", self._on_state)
+        self.pc.on("track", self._on_track)
+        self.pc.on("datachannel", self._on_datachannel)
+
+    def __repr__(self) -> str:
+        return f"call {self.id} (session {self.session.id})"
+
+    async def answer(self, offer_sdp: str) -> str:
+        """The SDP answer to the client's offer."""
+        self._has_channel = "m=application" in offer_sdp
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        self.pc.addTrack(self.outbox.track)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return self.pc.localDescription.sdp
+
+    def hang_up(self, reason: str) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+        self._ended.set()
+        self._inbox.wake.set()
+
+    async def run(self, connect_timeout_s: float) -> None:
+        """Serve the call until it ends. Returns early if ICE does not complete in time."""
+        connected = asyncio.create_task(self._connected.wait())
+        ended = asyncio.create_task(self._ended.wait())
+        try:
+            await asyncio.wait((connected, ended), timeout=connect_timeout_s, return_when="FIRST_COMPLETED")
+        finally:
+            connected.cancel()
+            ended.cancel()
+        if not self._connected.is_set():
+            self.hang_up(f"not connected within {connect_timeout_s:g} s (ICE did not complete)")
+            return
+        log.info("%r connected", self)
+        if self._writer is None and not self._has_channel:
+            self.outbox.discard = True
+            self._writer = self._spawn(self.outbox.run(), f"writer-{self.id}")
+        self.session.start()
+        while not self._ended.is_set():
+            got = self._inbox.take()
+            if got is None:
+                await self._inbox.wake.wait()
+            elif isinstance(got, str):
+                await self.session.handle(got)
+            else:
+                await self._append(got)
+
+    async def _append(self, pcm: np.ndarray) -> None:
+        try:
+            await self.session.append_audio(pcm)
+            self._full_reported = False
+        except p.ProtocolError as e:  # the buffer is full (push-to-talk and no commit): say so once
+            if not self._full_reported:
+                self.outbox.put(error(e.message, e.code, e.param))
+                self._full_reported = True
+
+    # ---- peer connection events ----------------------------------------------------------------
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        log.debug("%r: connection %s", self, state)
+        if state == "connected":
+            self._connected.set()
+        elif state in ("failed", "closed"):
+            self.hang_up(f"connection {state}")
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind != "audio":
+            return
+        self._spawn(read_microphone(track, INPUT_RATE, self._inbox.put), f"mic-{self.id}")
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != LABEL or self._writer is not None:
+            log.info("%r: ignoring data channel %r", self, channel.label)
+            return
+        self.outbox.channel = channel
+        channel.on("message", self._on_message)
+        channel.on("close", lambda: self.hang_up("data channel closed"))
+        self._writer = self._spawn(self.outbox.run(), f"writer-{self.id}")
+
+    def _on_message(self, message: str | bytes) -> None:
+        self._inbox.put(message if isinstance(message, str) else message.decode("utf-8", "replace"))
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.warning("%r: task %s failed: %r", self, task.get_name(), exc)
+            self.hang_up(f"{task.get_name()} failed")
+        elif task is self._writer:
+            self._writer = None
+
+    # ---- teardown ------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Release everything: the response in every engine stage, the tasks, the peer connection."""
+        self.hang_up("closed")
+        try:
+            await self.session.close()
+        except Exception:
+            log.exception("%r: closing the session failed", self)
+        writer = self._writer
+        if writer is not None:
+            self.outbox.close()  # flush the last events (response.done) while the channel is up
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(writer), timeout=1.0)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.outbox.track.stop()
+        try:
+            await self.pc.close()
+        except Exception:
+            log.exception("%r: closing the peer connection failed", self)

@@ -1,0 +1,80 @@
+"""WebRTC signalling, as OpenAI's Realtime WebRTC: `POST /v1/realtime/calls` takes the SDP offer
+(`Content-Type: application/sdp`; aiortc-style JSON `{sdp, type: "offer"}` also works) and answers
+201 with the SDP answer and `Location: /v1/realtime/calls/{call_id}`. `POST
+/v1/realtime/calls/{call_id}/hangup` ends the call. A client secret (`Authorization: Bearer ek_...`)
+opens the session with the settings it was issued with.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from omnivoice.server.errors import APIError, bad_request, not_found, payload_too_large
+from omnivoice.server.realtime import protocol as p
+from omnivoice.server.realtime.client_secrets import authorize, presented_token
+from omnivoice.server.realtime.service import SessionLimitReached
+from omnivoice.server.webrtc.calls import Calls
+
+log = logging.getLogger(__name__)
+
+MAX_OFFER_BYTES = 64 * 1024
+
+
+async def create_call(request: Request) -> Response:
+    state = request.app.state
+    settings = authorize(state.realtime.secrets, presented_token(request.headers))
+    offer = await _read_offer(request)
+    engine = state.lifecycle.require()
+    calls: Calls = state.webrtc
+    try:
+        call, answer = await calls.open(engine, offer, settings)
+    except SessionLimitReached as e:
+        raise APIError(429, str(e), type="rate_limit_error", code="session_limit_reached") from None
+    except p.ProtocolError as e:
+        raise bad_request(e.message, param=e.param, code=e.code) from None
+    except (ValueError, AssertionError) as e:  # aiortc rejects malformed or unsupported offers so
+        log.info("rejected an SDP offer: %r", e)
+        raise bad_request(f"the SDP offer was rejected: {e}", param="sdp", code="invalid_offer") from None
+    except RuntimeError as e:  # shutting down
+        raise APIError(503, str(e), type="server_error", code="service_unavailable") from None
+    location = f"/v1/realtime/calls/{call.id}"
+    return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
+
+
+async def hang_up(request: Request) -> Response:
+    call_id = request.path_params["call_id"]
+    if not request.app.state.webrtc.hang_up(call_id):
+        raise not_found(f"no call {call_id!r}", param="call_id", code="call_not_found")
+    return JSONResponse({})
+
+
+async def _read_offer(request: Request) -> str:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_OFFER_BYTES:
+            raise payload_too_large(MAX_OFFER_BYTES)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request("the SDP offer is not UTF-8", param="sdp", code="invalid_offer") from None
+    if ctype == "application/json":
+        try:
+            data = json.loads(text)
+            if data.get("type", "offer") != "offer":
+                raise ValueError("type must be 'offer'")
+            text = data["sdp"]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise bad_request(f"expected {{sdp, type: 'offer'}}: {e}", code="invalid_offer") from None
+    elif ctype != "application/sdp":
+        raise bad_request(f"Content-Type must be application/sdp, got {ctype!r}", code="invalid_content_type")
+    if not isinstance(text, str) or not text.startswith("v=0"):
+        raise bad_request("the body is not an SDP offer", param="sdp", code="invalid_offer")
+    if "m=audio" not in text:
+        raise bad_request("the offer has no audio (m=audio) section", param="sdp", code="invalid_offer")
+    return text

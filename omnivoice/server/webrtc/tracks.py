@@ -1,0 +1,183 @@
+"""Media tracks of one call: the model's voice out (`PlayoutTrack`), the microphone in (`read_microphone`).
+
+The server owns playout here: audio deltas are queued on the outgoing track, which sends one 20 ms
+frame per tick in real time (silence when nothing is queued), so a barge-in can `clear` what has not
+been played yet. Progress goes back to the session: a delta's `on_played` runs once its last sample
+has left (the item's ledger then counts played audio, which is what the user heard), and the
+`output_audio_buffer.started|stopped|cleared` events are emitted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from av import AudioFrame
+
+from omnivoice.audio.resample import StreamResampler
+
+log = logging.getLogger(__name__)
+
+RATE = 48000  # Opus
+FRAME = 960  # 20 ms at 48 kHz
+TIME_BASE = fractions.Fraction(1, RATE)
+MAX_LAG_S = 0.1  # further behind the clock (a stalled loop): skip ahead rather than burst
+
+
+@dataclass
+class _Piece:
+    response_id: str
+    item_id: str
+    pcm: np.ndarray  # int16 at 48 kHz
+    on_played: Callable[[], None] | None
+    pos: int = 0
+
+
+class PlayoutTrack(MediaStreamTrack):
+    """The outgoing audio track: queued response audio, paced in 20 ms frames of 48 kHz mono s16."""
+
+    kind = "audio"
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__()
+        self._emit = emit  # puts an output_audio_buffer.* event on the session's outbox
+        self._queue: deque[_Piece] = deque()
+        self._resampler: StreamResampler | None = None
+        self._playing: tuple[str, str] | None = None  # (response id, item id) being played out
+        self._ended: set[str] = set()  # responses with no more audio coming
+        self._cleared: set[str] = set()  # responses cut off: late audio is dropped
+        self._start = 0.0
+        self._pts: int | None = None
+        self.frames_sent = 0
+        self.audio_frames_sent = 0
+
+    @property
+    def queued_ms(self) -> int:
+        return sum(p.pcm.size - p.pos for p in self._queue) * 1000 // RATE
+
+    def play(
+        self, response_id: str, item_id: str, pcm: np.ndarray, rate: int, on_played: Callable[[], None] | None
+    ) -> None:
+        """Queue one audio delta (float32 mono at `rate`)."""
+        if response_id in self._cleared:
+            return
+        if self._resampler is None or self._resampler.in_rate != rate:
+            self._resampler = StreamResampler(rate, RATE)
+        out = self._resampler.process(pcm)
+        self._queue.append(_Piece(response_id, item_id, _s16(out), on_played))
+
+    def finish(self, response_id: str) -> None:
+        """`response.done`: no more audio will come for `response_id`."""
+        if self._resampler is not None and response_id not in self._cleared:
+            tail = self._resampler.flush()
+            if tail.size and self._queue and self._queue[-1].response_id == response_id:
+                last = self._queue[-1]
+                self._queue.append(_Piece(response_id, last.item_id, _s16(tail), None))
+        self._ended.add(response_id)
+        self._maybe_stopped()
+
+    def clear(self, response_id: str | None) -> str | None:
+        """Drop everything queued (barge-in, `output_audio_buffer.clear`) and any later audio of
+        `response_id`. Returns the id of the item whose playout was cut short, if one was playing."""
+        if response_id is not None:
+            self._cleared.add(response_id)
+        self._queue.clear()
+        if self._resampler is not None:
+            self._resampler.reset()
+        playing, self._playing = self._playing, None
+        if playing is None:
+            return None
+        self._cleared.add(playing[0])
+        self._emit({"type": "output_audio_buffer.cleared", "response_id": playing[0]})
+        return playing[1]
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        await self._tick()
+        frame = AudioFrame(format="s16", layout="mono", samples=FRAME)
+        frame.planes[0].update(self._next_samples().tobytes())
+        frame.pts = self._pts
+        frame.sample_rate = RATE
+        frame.time_base = TIME_BASE
+        self.frames_sent += 1
+        return frame
+
+    async def _tick(self) -> None:
+        """Wait until the next frame is due (one every 20 ms of wall time)."""
+        now = time.monotonic()
+        if self._pts is None:
+            self._start, self._pts = now, 0
+            return
+        self._pts += FRAME
+        due = self._start + self._pts / RATE
+        if now - due > MAX_LAG_S:
+            self._start += now - due  # the loop stalled: restart the clock instead of bursting
+        elif due > now:
+            await asyncio.sleep(due - now)
+
+    def _next_samples(self) -> np.ndarray:
+        out = np.zeros(FRAME, np.int16)
+        filled = 0
+        while filled < FRAME and self._queue:
+            piece = self._queue[0]
+            if self._playing is None or self._playing[0] != piece.response_id:
+                self._playing = (piece.response_id, piece.item_id)
+                self._emit({"type": "output_audio_buffer.started", "response_id": piece.response_id})
+            n = min(FRAME - filled, piece.pcm.size - piece.pos)
+            out[filled : filled + n] = piece.pcm[piece.pos : piece.pos + n]
+            filled += n
+            piece.pos += n
+            if piece.pos == piece.pcm.size:
+                self._queue.popleft()
+                if piece.on_played is not None:
+                    piece.on_played()
+        if filled:
+            self.audio_frames_sent += 1
+        self._maybe_stopped()
+        return out
+
+    def _maybe_stopped(self) -> None:
+        if self._playing is not None and not self._queue and self._playing[0] in self._ended:
+            self._emit({"type": "output_audio_buffer.stopped", "response_id": self._playing[0]})
+            self._playing = None
+
+
+def _s16(pcm: np.ndarray) -> np.ndarray:
+    return (np.clip(pcm, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def frame_to_mono(frame: AudioFrame) -> np.ndarray:
+    """A decoded audio frame (s16 or float, packed or planar, any channels) as mono float32."""
+    data = frame.to_ndarray()  # packed: [1, samples * channels]; planar: [channels, samples]
+    channels = len(frame.layout.channels)
+    x = data.reshape(-1, channels) if frame.format.is_packed else data.T
+    mono = x.astype(np.float32).mean(axis=1)
+    if np.issubdtype(data.dtype, np.integer):
+        mono /= float(np.iinfo(data.dtype).max) + 1.0
+    return mono
+
+
+async def read_microphone(
+    track: MediaStreamTrack, out_rate: int, deliver: Callable[[np.ndarray], None]
+) -> None:
+    """Decode the remote audio track until it ends, delivering mono float32 at `out_rate`."""
+    resampler: StreamResampler | None = None
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            return
+        if resampler is None or resampler.in_rate != frame.sample_rate:
+            resampler = StreamResampler(frame.sample_rate, out_rate)
+        pcm = resampler.process(frame_to_mono(frame))
+        if pcm.size:
+            deliver(pcm)
