@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ProfileError) as e:
         print(f"omnivoice bench engine: {e}", file=sys.stderr)
         return 2
-    from omnivoice.engine.engine import Engine, resolve_model_path
+    from omnivoice.engine.engine import Engine
+    from omnivoice.engine.source import resolve_model_path
 
     cfg = EngineLoadConfig(
         num_prompts=args.num_prompts,

@@ -14,15 +14,18 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.pipeline import STAGES, Pipeline
+from omnivoice.engine.request_state import ModelInfo, RequestState
 from omnivoice.engine.routing import ReplicaRouter
+from omnivoice.engine.source import resolve_model_path
 from omnivoice.engine.stage import StageCrashed
+from omnivoice.engine.supervisor import Supervisor, sum_stats
 from omnivoice.engine.types import (
     AudioChunk,
     ChatMessage,
@@ -35,39 +38,13 @@ from omnivoice.engine.types import (
     TextDelta,
     Usage,
 )
-from omnivoice.models.dummy import DummySource, dummy_spec, parse_source
+from omnivoice.models.dummy import DummySource, dummy_spec
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
 
 WORKER_CHECK_S = 1.0  # how often the dispatcher checks that every stage worker is alive
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    served_name: str
-    sample_rate: int
-    voices: tuple[str, ...]
-    default_voice: str
-    max_prompt_tokens: int
-
-
-class _RequestState:
-    def __init__(
-        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, detok: IncrementalDetokenizer
-    ):
-        self.request = request
-        self.loop = loop
-        self.queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
-        self.detok = detok
-        self.thinker: StageFinished | None = None
-        self.audio: StageFinished | None = None
-        self.audio_index = 0
-        self.done = False
-
-    def emit(self, out: EngineOutput) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
 
 class Engine:
@@ -78,18 +55,18 @@ class Engine:
         builder: PromptBuilder | None,
         tokenizer,
         pipeline: Pipeline,
+        source: Path | DummySource | None = None,
     ):
         self.profile = profile
         self.spec = spec
         self._builder = builder
         self._tokenizer = tokenizer
         self._pipeline = pipeline
-        self._requests: dict[str, _RequestState] = {}
+        self._supervisor = Supervisor(profile, source)
+        self._restarting: threading.Thread | None = None
+        self._requests: dict[str, RequestState] = {}
         self._lock = threading.Lock()
-        self._stage_stats: dict[tuple[str, int], StageStats] = {
-            (s, r): StageStats(s, 0, 0, 0, 0, replica=r) for s in STAGES for r in range(pipeline.replicas(s))
-        }
-        self._router = ReplicaRouter(*(pipeline.replicas(s) for s in STAGES))
+        self._reset_routing()
         self._closed = False
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         voices = tuple(sorted(spec.speaker_ids))
@@ -125,7 +102,12 @@ class Engine:
         log.info("starting stages for %s", path)
         pipeline = Pipeline.start(profile, path)
         log.info("all stages ready")
-        return cls(profile, spec, builder, tokenizer, pipeline)
+        return cls(profile, spec, builder, tokenizer, pipeline, source=path)
+
+    @property
+    def restarting(self) -> bool:
+        """True while the supervisor brings the stages back after a worker died."""
+        return self._restarting is not None and self._restarting.is_alive()
 
     @property
     def tokenizer(self):
@@ -149,9 +131,7 @@ class Engine:
             if rid in self._requests:
                 raise ValueError(f"duplicate request id {rid}")
             request = replace(request, route=self._router.assign(request))
-            state = _RequestState(
-                request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer)
-            )
+            state = RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
             self._requests[rid] = state
         self._pipeline.send("thinker", NewRequest(request), replica=request.route[0])
         try:
@@ -203,7 +183,7 @@ class Engine:
         with self._lock:
             active = len(self._requests)
         per = self.replica_stats()
-        stages = tuple(_sum_stats(s, [x for x in per if x.name == s]) for s in STAGES)
+        stages = tuple(sum_stats(s, [x for x in per if x.name == s]) for s in STAGES)
         return EngineStats(stages=stages, active_requests=active)
 
     def replica_stats(self) -> tuple[StageStats, ...]:
@@ -221,17 +201,25 @@ class Engine:
         self._closed = True
         for rid in list(self._requests):
             self._abort(rid)
+        restarting = self._restarting
+        if restarting is not None and restarting.is_alive():
+            await asyncio.to_thread(restarting.join)  # it stops what it started once it sees _closed
         await asyncio.to_thread(self._pipeline.stop)
 
     # ---- dispatcher thread -------------------------------------------------------------------
     def _dispatch_loop(self) -> None:
-        inbox = self._pipeline.engine_inbox
         next_check = time.monotonic() + WORKER_CHECK_S
         while not self._closed:
+            pipeline = self._pipeline  # replaced when the stages restart
             try:
-                msg = inbox.get(timeout=0.2)
-            except (OSError, ValueError, EOFError):  # connector closed at shutdown
-                return
+                msg = pipeline.engine_inbox.get(timeout=0.2)
+            except (OSError, ValueError, EOFError):  # connector closed at shutdown or restart
+                if self._closed:
+                    return
+                time.sleep(0.05)
+                continue
+            if pipeline is not self._pipeline:
+                continue  # a late message from the stages before the restart
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + WORKER_CHECK_S
                 self._check_workers()
@@ -244,11 +232,38 @@ class Engine:
 
     def _check_workers(self) -> None:
         dead = [] if self._closed or self.failure else self._pipeline.dead_workers()
-        if dead:
-            self.failure = f"stage worker stopped: {', '.join(dead)}"
-            log.error("%s; failing %d in-flight requests", self.failure, len(self._requests))
-            for rid in list(self._requests):
-                self._fail(rid, self.failure)
+        if not dead:
+            return
+        self.failure = f"stage worker stopped: {', '.join(dead)}"
+        log.error("%s; failing %d in-flight requests", self.failure, len(self._requests))
+        for rid in list(self._requests):
+            self._fail(rid, self.failure)
+        if self._supervisor.may_restart():
+            self.failure += "; restarting the stages"
+            self._restarting = threading.Thread(target=self._restart, name="engine-restart", daemon=True)
+            self._restarting.start()
+
+    def _restart(self) -> None:
+        try:
+            pipeline = self._supervisor.restart(self._pipeline)
+        except Exception as e:
+            log.exception("the stages could not be restarted")
+            self.failure = f"stage restart failed: {e}"
+            return
+        if self._closed:
+            pipeline.stop()
+            return
+        with self._lock:
+            self._pipeline = pipeline
+            self._reset_routing()
+        self.failure = None
+
+    def _reset_routing(self) -> None:
+        p = self._pipeline
+        self._stage_stats: dict[tuple[str, int], StageStats] = {
+            (s, r): StageStats(s, 0, 0, 0, 0, replica=r) for s in STAGES for r in range(p.replicas(s))
+        }
+        self._router = ReplicaRouter(*(p.replicas(s) for s in STAGES))
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, StageStats):
@@ -273,7 +288,7 @@ class Engine:
         elif isinstance(msg, StageFinished):
             self._on_stage_finished(state, msg)
 
-    def _on_stage_finished(self, state: _RequestState, msg: StageFinished) -> None:
+    def _on_stage_finished(self, state: RequestState, msg: StageFinished) -> None:
         if msg.reason == "error":
             self._fail(msg.request_id, msg.error or f"{msg.stage} failed")
             return
@@ -287,7 +302,7 @@ class Engine:
         if state.thinker is not None and (state.audio is not None or not state.request.want_audio):
             self._complete(state, state.thinker.reason)
 
-    def _complete(self, state: _RequestState, reason: str) -> None:
+    def _complete(self, state: RequestState, reason: str) -> None:
         rid = state.request.request_id
         with self._lock:
             self._pop(rid)
@@ -303,7 +318,7 @@ class Engine:
         state.done = True
         state.emit(Finished(rid, "error", self._usage(state), error=error))
 
-    def _pop(self, rid: str) -> _RequestState | None:
+    def _pop(self, rid: str) -> RequestState | None:
         """Forget a request (caller holds the lock) and give back its replicas' load."""
         state = self._requests.pop(rid, None)
         if state is not None:
@@ -311,40 +326,10 @@ class Engine:
         return state
 
     @staticmethod
-    def _usage(state: _RequestState) -> Usage:
+    def _usage(state: RequestState) -> Usage:
         t = state.thinker
         return Usage(
             prompt_tokens=t.prompt_tokens if t else len(state.request.prompt.input_ids),
             completion_tokens=t.count if t else state.detok.count,
             audio_frames=state.audio.count if state.audio else 0,
         )
-
-
-def _sum_stats(name: str, parts: list[StageStats]) -> StageStats:
-    return StageStats(
-        name,
-        queued=sum(p.queued for p in parts),
-        running=sum(p.running for p in parts),
-        last_batch_size=max((p.last_batch_size for p in parts), default=0),
-        steps=sum(p.steps for p in parts),
-        busy_s=sum(p.busy_s for p in parts),
-        cached_tokens=sum(p.cached_tokens for p in parts),
-    )
-
-
-def resolve_model_path(profile: Profile) -> Path | DummySource:
-    """The model to serve: the profile's checkpoint or dummy model, else the tiny default (built once)."""
-    if profile.model.path is not None:
-        dummy = parse_source(profile.model.path)
-        if dummy is not None:
-            return dummy
-        path = Path(profile.model.path).expanduser()
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path {path} is not a Hugging Face checkpoint folder (no config.json)"
-            )
-        return path
-    from omnivoice.models.tiny import ensure_tiny_checkpoint
-
-    cache = Path(profile.model.cache_dir).expanduser() if profile.model.cache_dir else None
-    return ensure_tiny_checkpoint(cache)

@@ -1,7 +1,8 @@
 """The fixed topology thinker -> talker -> code2wav, and how its workers are started.
 
-Placement comes from the profile: each stage runs in a thread of this process or in a process of
-its own. When any stage is a process every connector is a shared-memory one.
+Placement comes from the profile: each stage runs in a thread of this process, in a process of its
+own, or as Ray actors (omnivoice/engine/ray_stages.py). When any stage is a process every connector is
+a shared-memory one; when any is on Ray, every connector is a Ray queue.
 """
 
 from __future__ import annotations
@@ -64,18 +65,27 @@ class Pipeline:
     engine_inbox: Connector
     threads: list[threading.Thread] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
+    ray: Any = None  # RayStages when a stage has `worker: ray` (Ray is imported only then)
+    stopped: bool = False
 
     @classmethod
     def start(cls, profile: Profile, model_path: Path | DummySource, timeout: float = 600.0) -> Pipeline:
         cfg = profile.stages.stage
         use_processes = any(cfg(s).worker == "process" for s in STAGES)
         ctx = mp.get_context("spawn")
+        ray_stages = None
+        if any(cfg(s).worker == "ray" for s in STAGES):
+            from omnivoice.engine.ray_stages import RayStages
+
+            ray_stages = RayStages(profile)
 
         def make() -> Connector:
+            if ray_stages is not None:
+                return ray_stages.connector()
             return ShmConnector(ctx) if use_processes else LocalConnector()
 
         inboxes = {s: [make() for _ in range(cfg(s).replicas)] for s in STAGES}
-        pipe = cls(inboxes=inboxes, engine_inbox=make())
+        pipe = cls(inboxes=inboxes, engine_inbox=make(), ray=ray_stages)
         downstream: dict[StageName, list[Connector]] = {
             "thinker": inboxes["talker"],
             "talker": inboxes["code2wav"],
@@ -96,6 +106,9 @@ class Pipeline:
                 pipe.threads.append(t)
         for s, r in workers:
             if (s, r) in in_thread:
+                continue
+            if cfg(s).worker == "ray":
+                pipe.ray.start(s, r, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
                 continue
             p = ctx.Process(
                 target=_stage_process_main,
@@ -133,11 +146,15 @@ class Pipeline:
                 if not p.is_alive() and p.exitcode is not None:
                     self.stop()
                     raise PipelineStartError(f"{p.name} exited with code {p.exitcode} while starting")
+            if self.ray is not None and (dead := self.ray.dead()):
+                self.stop()
+                raise PipelineStartError(f"stage actors ended while starting: {', '.join(dead)}")
 
     def dead_workers(self) -> list[str]:
-        """Names of stage threads or processes that have stopped (only meaningful before stop())."""
+        """Names of stage threads, processes or actors that have stopped (only meaningful before stop())."""
         dead = [t.name for t in self.threads if not t.is_alive()]
-        return dead + [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
+        dead += [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
+        return dead + (self.ray.dead() if self.ray is not None else [])
 
     def replicas(self, stage: StageName) -> int:
         return len(self.inboxes[stage])
@@ -151,6 +168,10 @@ class Pipeline:
                 inbox.put(msg)
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Shut every worker down and close the connectors; a second call does nothing."""
+        if self.stopped:
+            return
+        self.stopped = True
         self.broadcast(Shutdown())
         for t in self.threads:
             t.join(timeout)
@@ -160,5 +181,9 @@ class Pipeline:
                 log.warning("%s did not stop in %.0f s; killing it", p.name, timeout)
                 p.kill()
                 p.join()
+        if self.ray is not None:
+            self.ray.stop(timeout)
         for c in [*(c for s in STAGES for c in self.inboxes[s]), self.engine_inbox]:
             c.close()
+        if self.ray is not None:
+            self.ray.shutdown()

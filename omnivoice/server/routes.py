@@ -15,7 +15,8 @@ async def health(request: Request) -> Response:
     failure = lifecycle.engine.failure if lifecycle.state == "ready" else None
     if lifecycle.state == "ready" and not failure:
         return JSONResponse({"status": "ok"})
-    body = {"status": "failed" if failure else lifecycle.state}
+    restarting = bool(failure) and lifecycle.engine.restarting
+    body = {"status": "restarting" if restarting else "failed" if failure else lifecycle.state}
     if failure:
         body["error"] = failure
     if lifecycle.error:

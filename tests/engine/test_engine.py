@@ -228,11 +228,12 @@ async def test_process_workers_match_thread_workers(tiny_checkpoint: Path) -> No
     assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} - shm_before == set()
 
 
-async def test_a_killed_stage_process_fails_in_flight_requests_instead_of_hanging(
+async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart(
     tiny_checkpoint: Path,
 ) -> None:
     import signal
 
+    shm_before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
     eng = await Engine.start(profile_for(tiny_checkpoint, worker="process"))
     try:
         req = request(eng, 0, thinker_tokens=200, talker_tokens=400)
@@ -250,8 +251,17 @@ async def test_a_killed_stage_process_fails_in_flight_requests_instead_of_hangin
         await asyncio.wait_for(task, 10)
         assert isinstance(outs[-1], Finished) and outs[-1].finish_reason == "error"
         assert "talker" in (outs[-1].error or "")
-        assert eng.failure is not None
+        assert eng.failure is not None and "restarting" in eng.failure
         with pytest.raises(RuntimeError, match="talker"):
             await collect(eng, request(eng, 2))
+        # the supervisor brings fresh stages up and the next requests succeed
+        deadline = asyncio.get_running_loop().time() + 90
+        while eng.failure is not None:
+            assert asyncio.get_running_loop().time() < deadline, eng.failure
+            await asyncio.sleep(0.2)
+        outs, fin = await collect(eng, request(eng, 2, thinker_tokens=4, talker_tokens=10))
+        assert fin.finish_reason == "length" and len(tokens_of(outs)) == 4
     finally:
         await eng.close()
+    leaked = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} - shm_before
+    assert leaked == set(), leaked

@@ -76,6 +76,7 @@ class FakeEngine:
     forgotten: list[str] = field(default_factory=list)
     closed: bool = False
     failure: str | None = None  # as Engine.failure: set when a stage worker died
+    restarting: bool = False  # as Engine.restarting
 
     @classmethod
     def factory(

@@ -1,0 +1,64 @@
+"""Stage supervision: notice a dead stage worker and bring the stages back.
+
+A stage process killed mid-request can leave its inbox queue locked and its requests half-way through
+every stage, so the supervisor restarts the whole pipeline with fresh connectors rather than one
+worker: in-flight requests fail at once with a clear error, new requests get 503 while the stages
+come back (seconds), and then the engine serves again. Restarts are rate-limited so a worker that
+dies at every start does not loop forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from omnivoice.config import Profile
+from omnivoice.engine.pipeline import Pipeline
+from omnivoice.engine.types import StageStats
+
+log = logging.getLogger(__name__)
+
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600.0
+
+
+class Supervisor:
+    def __init__(self, profile: Profile, source: Path | Any) -> None:
+        self._profile = profile
+        self._source = source
+        self._restarts: deque[float] = deque()
+
+    def may_restart(self) -> bool:
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
+            self._restarts.popleft()
+        return self._source is not None and len(self._restarts) < MAX_RESTARTS
+
+    def restart(self, old: Pipeline) -> Pipeline:
+        """Stop what is left of `old` and start a fresh pipeline (raises if it cannot start)."""
+        self._restarts.append(time.monotonic())
+        t0 = time.perf_counter()
+        log.warning(
+            "restarting the stages (%d of %d in %.0f s)", len(self._restarts), MAX_RESTARTS, RESTART_WINDOW_S
+        )
+        old.stop(timeout=5.0)
+        new = Pipeline.start(self._profile, self._source)
+        log.warning("stages restarted in %.1f s", time.perf_counter() - t0)
+        return new
+
+
+def sum_stats(name: str, parts: list[StageStats]) -> StageStats:
+    """One stage's figures summed over its replicas (last_batch_size: the largest)."""
+    return StageStats(
+        name,
+        queued=sum(p.queued for p in parts),
+        running=sum(p.running for p in parts),
+        last_batch_size=max((p.last_batch_size for p in parts), default=0),
+        steps=sum(p.steps for p in parts),
+        busy_s=sum(p.busy_s for p in parts),
+        cached_tokens=sum(p.cached_tokens for p in parts),
+    )
+
