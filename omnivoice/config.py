@@ -47,8 +47,9 @@ class StageConfig(_Strict):
     max_batch: int = Field(8, ge=1)
     # CUDA-graphed decode is planned (GPU runtime); only eager execution exists today
     execution: Literal["eager"] = "eager"
-    # process: true parallelism across cores (the CPU default); thread: one process, one model copy
-    worker: Literal["thread", "process"] = "process"
+    # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
+    # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
+    worker: Literal["thread", "process", "ray"] = "process"
     replicas: int = Field(1, ge=1, description="workers of this stage; a request sticks to one of each")
     devices: tuple[str, ...] | None = Field(
         None, description="one device per replica (e.g. [cuda:1, cuda:2]); default: every replica on `device`"
@@ -159,15 +160,32 @@ class TelephonyConfig(_Strict):
     mark_interval_ms: int = Field(100, ge=20, description="a mark after this much audio: played position")
 
 
+class RayConfig(_Strict):
+    """The Ray cluster that `worker: ray` stages run on (only read when a stage has `worker: ray`)."""
+
+    address: str | None = Field(
+        None,
+        description="null: start a private local cluster (stopped with the server); auto, host:port or "
+        "ray://host:port: attach to a running cluster",
+    )
+    namespace: str = Field("omnivoice", min_length=1, description="Ray namespace of the stage actors")
+
+
 class Profile(_Strict):
     model: ModelConfig = ModelConfig()
     server: ServerConfig = ServerConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     telephony: TelephonyConfig = TelephonyConfig()
     stages: StagesConfig = StagesConfig()
+    ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
+        workers = {name: self.stages.stage(name).worker for name in ("thinker", "talker", "code2wav")}
+        if "ray" in workers.values() and "process" in workers.values():
+            # with a ray stage every connector is a Ray queue, which a spawned process cannot reach
+            process = next(name for name, w in workers.items() if w == "process")
+            raise ValueError(f"stages.{process}.worker: process cannot be mixed with ray (use thread)")
         c = self.stages.code2wav.chunk
         if c.first_frames > c.frames:
             raise ValueError("stages.code2wav.chunk.first_frames must be <= frames")

@@ -1,0 +1,117 @@
+"""Stages as Ray actors on a local Ray cluster: same output as thread workers, replicas used, and
+nothing left on the cluster after close."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from omnivoice.config import ProfileError, parse_profile
+from omnivoice.engine.engine import Engine
+from tests.engine.test_engine import audio_of, collect, request, tokens_of, wait_idle
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'omnivoice[ray]'")
+
+from omnivoice.engine.ray_stages import RayStages, _on_assigned_gpu, actor_resources  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cpu_ray(checkpoint: Path, worker: str = "ray", replicas: int = 2) -> dict:
+    data = yaml.safe_load((ROOT / "configs" / "cpu-ray.yaml").read_text())
+    data["model"] = {"path": str(checkpoint)}
+    for stage in ("thinker", "talker", "code2wav"):
+        data["stages"][stage]["worker"] = worker
+    for stage in ("talker", "code2wav"):
+        data["stages"][stage]["replicas"] = replicas
+    return data
+
+
+def test_placement_asks_ray_for_cpus_and_gpu_shares() -> None:
+    profile = parse_profile(
+        {
+            "stages": {
+                "thinker": {"worker": "ray", "device": "cuda:0", "threads": 4},
+                "talker": {"worker": "ray", "replicas": 2, "devices": ["cuda:1", "cuda:2"]},
+                "code2wav": {"worker": "ray", "replicas": 2, "devices": ["cuda:1", "cuda:2"]},
+            }
+        }
+    )
+    assert actor_resources(profile, "thinker", 0) == {"num_cpus": 4, "num_gpus": 1.0}
+    # talker#1 and code2wav#1 both name cuda:2: half a GPU each, so Ray packs them on one GPU
+    assert actor_resources(profile, "talker", 1) == {"num_cpus": 1, "num_gpus": 0.5}
+    assert actor_resources(parse_profile({}), "talker", 0) == {"num_cpus": 1, "num_gpus": 0}
+    inside = _on_assigned_gpu(profile, "talker", 1)  # Ray shows the actor its GPU as cuda:0
+    assert inside.stages.talker.replica_device(1) == "cuda:0"
+    assert inside.stages.thinker.device == "cuda:0" and inside.stages.code2wav.devices == ("cuda:1", "cuda:2")
+
+
+def test_profile_rejects_process_stages_beside_ray_stages() -> None:
+    with pytest.raises(ProfileError, match=r"stages\.thinker\.worker: process cannot be mixed with ray"):
+        parse_profile({"stages": {"talker": {"worker": "ray"}}})
+
+
+def test_private_cluster_and_its_queues_come_and_go() -> None:
+    assert not ray.is_initialized()
+    stages = RayStages(
+        parse_profile({"stages": {s: {"worker": "ray"} for s in ("thinker", "talker", "code2wav")}})
+    )
+    try:
+        assert stages.started_cluster and ray.is_initialized()
+        q = stages.connector()
+        for i in range(3):
+            q.put({"i": i, "pcm": np.full(70_000, i, np.float32)})
+        first = q.get(timeout=5)
+        rest = q.drain()
+        assert [m["i"] for m in [first, *rest]] == [0, 1, 2]  # in order
+        first["pcm"][0] = 1.0  # writable, like the shared-memory connector's arrays
+        assert q.get(timeout=0.05) is None and q.drain() == []
+        q.close()
+        with pytest.raises(EOFError):
+            q.get(timeout=1)
+    finally:
+        stages.shutdown()
+    assert not ray.is_initialized()
+
+
+@pytest.fixture
+def ray_cluster():
+    ray.init(num_cpus=6, include_dashboard=False, namespace="omnivoice-tests")
+    yield
+    ray.shutdown()
+
+
+async def test_ray_actors_match_thread_workers_and_leave_nothing(tiny_checkpoint: Path, ray_cluster) -> None:
+    single = await Engine.start(parse_profile(_cpu_ray(tiny_checkpoint, "thread", replicas=1)))
+    try:
+        reqs = [request(single, i) for i in range(2)]
+        expected = await asyncio.gather(*(collect(single, r) for r in reqs))
+    finally:
+        await single.close()
+    eng = await Engine.start(parse_profile(_cpu_ray(tiny_checkpoint), "cpu-ray.yaml"))
+    try:
+        assert not eng._pipeline.ray.started_cluster  # it joined the test's cluster
+        actors = ray.util.list_named_actors(all_namespaces=True)
+        assert sum("-talker-" in a["name"] for a in actors) == 2
+        got = await asyncio.gather(*(collect(eng, r) for r in reqs))
+        await wait_idle(eng)
+        steps = {(s.name, s.replica): s.steps for s in eng.replica_stats()}
+        assert eng._pipeline.dead_workers() == []
+    finally:
+        await eng.close()
+    assert all(steps[(s, r)] > 0 for s in ("talker", "code2wav") for r in (0, 1)), steps
+    for (e_outs, _), (g_outs, g_fin) in zip(expected, got, strict=True):
+        assert g_fin.finish_reason == "length"
+        assert tokens_of(g_outs) == tokens_of(e_outs)
+        np.testing.assert_allclose(audio_of(g_outs), audio_of(e_outs), rtol=0, atol=1e-5)
+    # no stage actor or queue is left, and every CPU the actors held is free again
+    assert ray.util.list_named_actors(all_namespaces=True) == []
+    deadline = time.monotonic() + 10
+    while ray.available_resources().get("CPU") != ray.cluster_resources()["CPU"]:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.1)
