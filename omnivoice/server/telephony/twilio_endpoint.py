@@ -1,0 +1,85 @@
+"""`WebSocket /v1/telephony/twilio`: one Twilio Media Stream, one call, one realtime session.
+
+Calls share the realtime sessions' limit and VAD. Everything a call holds (its session slot, the
+in-flight response in every engine stage, the writer task) is released in `finally`, however the
+call ends: `stop`, a disconnect, an idle socket (Twilio streams media all call long) or an error,
+logged with the call's streamSid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from omnivoice.server.errors import APIError
+from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
+from omnivoice.server.telephony.twilio_call import TwilioCall
+
+log = logging.getLogger(__name__)
+
+CLOSE_TRY_AGAIN = 1013
+
+
+async def twilio_endpoint(websocket: WebSocket) -> None:
+    state = websocket.app.state
+    service: RealtimeService = state.realtime
+    await websocket.accept()
+    try:
+        engine = state.lifecycle.require()
+        service.reserve()
+    except (APIError, SessionLimitReached) as e:
+        log.warning("telephony call refused: %s", getattr(e, "message", e))
+        await websocket.close(CLOSE_TRY_AGAIN)
+        return
+    call = TwilioCall(websocket, engine, service, state)
+    writer = asyncio.create_task(call.outbox.run(), name=f"twilio-writer-{call.id}")
+    code = 1000
+    try:
+        await _read_loop(websocket, call, writer, service.config.idle_timeout_s)
+    except WebSocketDisconnect:
+        pass
+    except Exception:
+        log.exception("call %s failed", call.label)
+        code = 1011
+    finally:
+        await call.close()  # aborts the in-flight response in every stage
+        service.release(call.id)
+        await _hang_up(websocket, call, writer, code)
+
+
+async def _read_loop(
+    websocket: WebSocket, call: TwilioCall, writer: asyncio.Task[None], idle_timeout_s: float
+) -> None:
+    while True:
+        try:
+            message = await asyncio.wait_for(websocket.receive(), timeout=idle_timeout_s)
+        except TimeoutError:
+            log.warning("call %s: nothing from the carrier for %g s; hanging up", call.label, idle_timeout_s)
+            return
+        if message["type"] == "websocket.disconnect":
+            log.info("call %s: the carrier disconnected", call.label)
+            return
+        data = message.get("text")
+        if data is None:
+            data = message.get("bytes") or b""
+        if not await call.handle(data):
+            return
+        if writer.done():  # the socket failed under the writer
+            writer.result()
+
+
+async def _hang_up(websocket: WebSocket, call: TwilioCall, writer: asyncio.Task[None], code: int) -> None:
+    call.outbox.close()  # audio still queued is dropped: no one is listening
+    try:
+        await asyncio.wait_for(writer, timeout=1.0)
+    except (TimeoutError, Exception):
+        writer.cancel()
+    if (
+        websocket.client_state == WebSocketState.CONNECTED
+        and websocket.application_state == WebSocketState.CONNECTED
+    ):
+        with contextlib.suppress(Exception):  # the carrier is already gone
+            await websocket.close(code)

@@ -1,0 +1,216 @@
+"""End to end: whole phone calls over `/v1/telephony/twilio` against the tiny model (thread workers)
+behind a real server, with the exact messages Twilio sends and espeak-ng speech as u-law 20 ms frames:
+the response as paced `media` frames closed by marks, echoed marks as the played position, barge-in
+(`clear`, a cancelled response, the history truncated at what was heard), `stop`, malformed frames."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omnivoice.config import parse_profile
+from omnivoice.server import create_app
+
+from ..realtime.rt import speak
+from ..serve import ServerThread, wait_until_healthy
+from .carrier import FRAME, Carrier, call, ulaw
+
+pytestmark = pytest.mark.slow
+
+BYTES_PER_CODEC_FRAME = 640  # 80 ms at 8 kHz
+
+
+def fixed(tokens: int, frames: int, **parameters: Any) -> dict[str, Any]:
+    """customParameters fixing the random model's output lengths."""
+    lengths = {"max_output_tokens": tokens, "min_output_tokens": tokens, "output_audio_frames": frames}
+    return {**lengths, **parameters}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
+    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
+    profile = parse_profile({
+        "model": {"path": str(tiny_checkpoint)},
+        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+    })  # fmt: skip
+    st = ServerThread(create_app(profile))
+    st.start()
+    try:
+        wait_until_healthy(st.base_url, timeout=300)
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture(scope="module")
+def voice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    folder = tmp_path_factory.mktemp("speech")
+    return {
+        "one": ulaw(0.4, speak("Hello there. Could you tell me a short story about the sea?", folder), 1.0),
+        "stop": ulaw(speak("Wait, stop, stop please.", folder), 1.0),
+    }
+
+
+def the_session(server: ServerThread) -> Any:
+    (session,) = server.server.config.app.state.realtime.sessions.values()
+    return session
+
+
+async def until(predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def echo_marks(carrier: Carrier, count: int | None = None) -> None:
+    """Echo the marks received so far (the first `count` of them), as a carrier does once played."""
+    for m in carrier.of("mark")[:count]:
+        await carrier.mark(m["mark"]["name"])
+
+
+async def test_call_answers_in_paced_media_frames_closed_by_marks(
+    server: ServerThread, voice: dict[str, bytes]
+) -> None:
+    async with call(server.base_url) as carrier:
+        await carrier.connected()
+        await carrier.start(**fixed(6, 12, voice="chelsie", instructions="Answer briefly."))
+        await carrier.play(voice["one"])
+        first = await carrier.next("media", timeout=60)
+        session = the_session(server)
+        await until(lambda: session.last_response is not None)
+        item = session.conversation.items[-1]
+        generated = item.ledger.generated  # u-law samples (bytes)
+        await until(lambda: len(carrier.audio()) >= generated)
+        await asyncio.sleep(0.1)  # the end mark follows the last frame
+        await echo_marks(carrier)
+        await until(lambda: item.ledger.sent == generated)
+        media, marks = carrier.of("media"), carrier.of("mark")
+        last = media[-1]
+    assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
+    assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
+    assert [i.role for i in session.conversation.items] == ["user", "assistant"]
+    assert item.content[0].transcript == item.ledger.transcript != ""  # all of it was played
+    for m in media:  # protocol-exact: 20 ms frames of u-law, nothing else
+        payload = m["media"]["payload"]
+        assert m == {"event": "media", "streamSid": carrier.stream_sid, "media": {"payload": payload}}
+        assert len(base64.b64decode(m["media"]["payload"])) == FRAME
+    assert generated <= len(carrier.audio()) < generated + FRAME  # the last frame padded with silence
+    assert abs(generated - 12 * BYTES_PER_CODEC_FRAME) < BYTES_PER_CODEC_FRAME  # 12 codec frames at 8 kHz
+    assert {tuple(m) for m in marks} == {("event", "streamSid", "mark")} and len(marks) >= 6
+    # paced: frames arrive at real-time pace, at most ~200 ms ahead of playback
+    span = carrier.time_of(last) - carrier.time_of(first)
+    assert span >= generated / 8000 - 0.2 - 0.1, span
+    t0 = carrier.time_of(first)
+    for t, m in carrier.messages:
+        if m["event"] == "media":
+            ahead = len(carrier.audio(before=m)) / 8000 - (t - t0)
+            assert ahead < 0.2 + 0.1, ahead
+
+
+async def test_barge_in_clears_cancels_and_truncates_at_the_echoed_marks(
+    server: ServerThread, voice: dict[str, bytes]
+) -> None:
+    engine = server.server.config.app.state.lifecycle.engine
+    async with call(server.base_url) as carrier:
+        await carrier.connected()
+        await carrier.start(**fixed(24, 150))  # 12 s of audio: still playing when the caller interrupts
+        await carrier.play(voice["one"])
+        await carrier.next("media", timeout=60)
+        await until(lambda: len(carrier.of("mark")) >= 4)
+        heard_mark = carrier.of("mark")[3]
+        await echo_marks(carrier, 4)  # the caller heard up to the 4th mark, and no further
+        heard = len(carrier.audio(before=heard_mark))
+        session = the_session(server)
+        first = session.response
+        t_speech = time.monotonic()
+        await carrier.play(voice["stop"], pace=1.0)
+        clear = await carrier.next("clear", timeout=5)
+        assert clear == {"event": "clear", "streamSid": carrier.stream_sid}
+        assert carrier.time_of(clear) - t_speech < 1.5
+        await echo_marks(carrier)  # on clear, the carrier echoes the pending marks too: not played
+        await until(lambda: first.status != "in_progress")
+        sent_before_clear = len(carrier.audio(before=clear))
+        await until(lambda: len(session.conversation.items) >= 4, timeout=30)  # the next turn answers
+        await carrier.stop()
+        await until(lambda: not engine.stats().active_requests)
+    assert first.status == "cancelled" and first.status_details["reason"] == "turn_detected"
+    item = first.item
+    assert abs(item.ledger.sent - heard) < FRAME  # played = the deltas closed by the echoed marks
+    kept, full = item.content[0].transcript, item.ledger.transcript
+    assert kept == item.ledger.heard_transcript(item.ledger.sent_ms) and len(kept) < len(full)
+    assert sent_before_clear / 8000 < 12 * 0.5  # paced: most of the 12 s never left the server
+    assert [i.role for i in session.conversation.items][:3] == ["user", "assistant", "user"]
+
+
+@pytest.mark.parametrize("ending", ["stop", "disconnect"])
+async def test_stop_or_disconnect_frees_the_session_in_every_stage(
+    server: ServerThread, voice: dict[str, bytes], ending: str
+) -> None:
+    app = server.server.config.app
+    engine = app.state.lifecycle.engine
+    async with call(server.base_url) as carrier:
+        await carrier.connected()
+        await carrier.start(**fixed(24, 150))
+        await carrier.play(voice["one"])
+        await carrier.next("media", timeout=60)
+        assert engine.stats().active_requests == 1
+        if ending == "stop":
+            await carrier.stop()
+            await asyncio.wait_for(carrier.closed.wait(), 5)  # the server hangs up
+            assert carrier.ws.close_code == 1000
+    deadline = time.monotonic() + 10
+    while True:
+        stats = engine.stats()
+        idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
+        if idle and not stats.active_requests and not app.state.realtime.sessions:
+            break
+        assert time.monotonic() < deadline, (stats, app.state.realtime.sessions)
+        await asyncio.sleep(0.05)
+    assert app.state.admission.in_flight == 0
+
+
+async def test_malformed_frames_are_logged_and_the_call_goes_on(
+    server: ServerThread, voice: dict[str, bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="omnivoice.server.telephony")
+    async with call(server.base_url) as carrier:
+        sid = carrier.stream_sid
+        await carrier.connected()
+        await carrier.media(bytes(FRAME))  # media before start
+        await carrier.start(**fixed(4, 6))
+        bad = [
+            "{not json",
+            '["media"]',
+            '{"event": "ring"}',
+            json.dumps({"event": "media", "streamSid": sid, "media": {"track": "inbound"}}),
+        ]
+        for text in bad:
+            await carrier.ws.send(text)
+        await carrier.ws.send(b"\x00\x01")  # binary
+        await carrier.media("not base64!")
+        await carrier.media(b"")  # empty payload
+        await carrier.media(bytes(4000))  # 500 ms in one frame
+        await carrier.send({"event": "media", "streamSid": "MZother", "media": {"payload": "//8="}})
+        await carrier.mark("never-sent")  # not ours: ignored quietly
+        await carrier.dtmf("7")
+        await carrier.play(voice["one"])
+        await carrier.next("media", timeout=60)  # the call still answers
+        session = the_session(server)
+    sessions = server.server.config.app.state.realtime.sessions
+    await until(lambda: session.id not in sessions)  # the call ended with the socket
+    malformed = [r.getMessage() for r in caplog.records if "malformed frame dropped" in r.getMessage()]
+    assert len(malformed) == 10, malformed
+    assert all(sid in m for m in malformed[1:]) and "before start" in malformed[0]
+    for needle in ("not valid JSON", "JSON object", "unknown event 'ring'", "media.payload", "binary",
+                   "base64", "0 bytes", "4000 bytes", "another stream"):  # fmt: skip
+        assert any(needle in m for m in malformed), needle
+    assert any("DTMF '7'" in r.getMessage() for r in caplog.records)
