@@ -112,6 +112,8 @@ def parse_event(text: str | bytes) -> InboundEvent:
     if not isinstance(data, dict):
         raise TwilioProtocolError("a message must be a JSON object")
     kind = data.get("event")
+    if kind is None:
+        raise TwilioProtocolError("a message without 'event'")
     if kind not in EVENTS:
         raise TwilioProtocolError(f"unknown event {str(kind)[:40]!r}")
     try:
