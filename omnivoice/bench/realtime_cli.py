@@ -1,7 +1,9 @@
-"""`omnivoice bench realtime`: concurrent spoken sessions against a server's `/v1/realtime`.
+"""`omnivoice bench realtime`: concurrent spoken sessions against a server's `/v1/realtime`, or phone
+calls against its Twilio bridge (`--transport twilio`, `/v1/telephony/twilio`).
 
-Reports voice-to-voice latency (end of the caller's speech to the first audio delta) p50/p95, its
-parts (turn detection, response), and gaps in the output audio (playback stalls).
+Reports voice-to-voice latency (end of the caller's speech to the first audio delta, or to the first
+`media` frame over Twilio) p50/p95, its parts (turn detection, response; realtime only), and gaps in
+the output audio (playback stalls).
 """
 
 from __future__ import annotations
@@ -23,8 +25,15 @@ import soxr
 
 from omnivoice.audio import decode_wav
 from omnivoice.bench.metrics import percentile, playback_stall
-from omnivoice.bench.realtime_load import RATE, RealtimeLoadConfig, TurnRecord, run_realtime_load
+from omnivoice.bench.realtime_load import (
+    RATE,
+    CallerFactory,
+    RealtimeLoadConfig,
+    TurnRecord,
+    run_realtime_load,
+)
 from omnivoice.bench.report import describe_machine
+from omnivoice.bench.twilio_load import TwilioCaller
 
 DEFAULT_SPEECH = "Hello there. Could you tell me a short story about a lighthouse keeper?"
 
@@ -32,7 +41,14 @@ DEFAULT_SPEECH = "Hello there. Could you tell me a short story about a lighthous
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)")
-    a("--model", default="omnivoice", help="sent as ?model=")
+    a("--model", default="omnivoice", help="sent as ?model= (realtime transport)")
+    a(
+        "--transport",
+        choices=("realtime", "twilio"),
+        default="realtime",
+        help="realtime: /v1/realtime events; twilio: each session a Twilio Media Streams call to "
+        "/v1/telephony/twilio (u-law 20 ms frames, marks echoed as played)",
+    )
     a("--sessions", type=int, default=1, help="concurrent sessions")
     a("--turns", type=int, default=3, help="spoken turns per session")
     a("--warmups", type=int, default=1, help="turns of one session run first and left out")
@@ -95,7 +111,8 @@ def format_table(report: dict[str, Any]) -> str:
 
     s = report["summary"]
     lines = [
-        f"realtime: {report['sessions']} sessions x {report['turns_per_session']} turns, {report['machine']}",
+        f"realtime ({report.get('transport', 'realtime')}): {report['sessions']} sessions x "
+        f"{report['turns_per_session']} turns, {report['machine']}",
         f"{'turns ok / errors':<28} {s['turns']} / {s['errors']}",
         "latency ms                   mean / p50 / p95",
         row("voice-to-voice", s["voice_to_voice_ms"]),
@@ -120,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, subprocess.CalledProcessError) as e:
         print(f"omnivoice bench realtime: {e}", file=sys.stderr)
         return 2
-    url = args.base_url.rstrip("/").replace("http", "ws", 1) + f"/v1/realtime?model={args.model}"
+    root = args.base_url.rstrip("/").replace("http", "ws", 1)
+    caller: CallerFactory | None = None
+    if args.transport == "twilio":
+        url, caller = f"{root}/v1/telephony/twilio", TwilioCaller
+    else:
+        url = f"{root}/v1/realtime?model={args.model}"
     common = dict(
         url=url,
         speech=speech,
@@ -153,16 +175,19 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.warmups:
         asyncio.run(
-            run_realtime_load(RealtimeLoadConfig(sessions=1, turns=args.warmups, **common), lambda r: None)
+            run_realtime_load(
+                RealtimeLoadConfig(sessions=1, turns=args.warmups, **common), lambda r: None, caller
+            )
         )
     cfg = RealtimeLoadConfig(sessions=args.sessions, turns=args.turns, **common)
-    records, duration = asyncio.run(run_realtime_load(cfg, progress))
+    records, duration = asyncio.run(run_realtime_load(cfg, progress, caller))
     report = {
         "kind": "realtime",
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": args.machine or describe_machine(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "url": url,
+        "transport": args.transport,
         "sessions": args.sessions,
         "turns_per_session": args.turns,
         "speech_seconds": len(speech) / 2 / RATE,

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import websockets
 
@@ -139,10 +139,19 @@ async def _send_at(ws: Any, chunk: bytes, clock: float) -> float:
     return clock + CHUNK_MS / 1000
 
 
+class Caller(Protocol):
+    async def run(self) -> None: ...
+
+
+CallerFactory = Callable[[RealtimeLoadConfig, int, Callable[[TurnRecord], None]], Caller]
+
+
 async def run_realtime_load(
-    cfg: RealtimeLoadConfig, on_turn: Callable[[TurnRecord], None]
+    cfg: RealtimeLoadConfig, on_turn: Callable[[TurnRecord], None], caller: CallerFactory | None = None
 ) -> tuple[list[TurnRecord], float]:
-    """Run every session to its last turn; returns the turn records and the wall time taken."""
+    """Run every session to its last turn; returns the turn records and the wall time taken.
+    `caller` makes one session's client (default: a `/v1/realtime` client; see bench.twilio_load)."""
+    make = caller or _Caller
     records: list[TurnRecord] = []
 
     def record(turn: TurnRecord) -> None:
@@ -151,7 +160,7 @@ async def run_realtime_load(
 
     t0 = time.monotonic()
     results = await asyncio.gather(
-        *(_Caller(cfg, i, record).run() for i in range(cfg.sessions)), return_exceptions=True
+        *(make(cfg, i, record).run() for i in range(cfg.sessions)), return_exceptions=True
     )
     for i, r in enumerate(results):
         if isinstance(r, BaseException):
