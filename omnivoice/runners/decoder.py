@@ -47,9 +47,12 @@ class DecoderStack:
         slots: list[int],
         starts: list[int],
         keep: Iterable[int] = (),
+        lengths: list[int] | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """h: [B, T, H] inputs at positions starts[b]..starts[b]+T of each row's slot.
 
+        `lengths[b]` <= T is how many of row b's inputs are real (a batch of prompts padded on the
+        right); the padding's outputs are garbage and its cache entries are never attended to.
         Returns the final-normed hidden [B, T, H] and the hidden states named in `keep`
         (0 = inputs, k = output of layer k, transformers' `hidden_states[k]`). Advances the slots.
         """
@@ -61,10 +64,14 @@ class DecoderStack:
         positions = start_t + torch.arange(t, device=device).unsqueeze(0)  # [B, T]
         cos, sin = self._rope(h, positions)
         length = max(starts) + t
+        lengths = lengths or [t] * b
         mask = None
         if b > 1 or (starts[0] > 0 and t > 1):
             keys = torch.arange(length, device=device).view(1, 1, 1, length)
             mask = keys <= positions.view(b, 1, t, 1)  # [B, 1, T, K]
+            if min(lengths) < t:
+                ends = to_device([s + n for s, n in zip(starts, lengths, strict=True)], device)
+                mask = mask & (keys < ends.view(b, 1, 1, 1))
         kept: dict[int, torch.Tensor] = {}
         keep = set(keep)
         if 0 in keep:
@@ -78,8 +85,8 @@ class DecoderStack:
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i + 1 in keep:
                 kept[i + 1] = h
-        for slot, start in zip(slots, starts, strict=True):
-            cache.lengths[slot] = start + t
+        for slot, start, n in zip(slots, starts, lengths, strict=True):
+            cache.lengths[slot] = start + n
         return self.norm(h), kept
 
     def _attention(

@@ -109,9 +109,9 @@ class TalkerRunner:
     def step(self) -> list[Any]:
         outs: list[Any] = []
         batch = [s for s in self.seqs.values() if s.slot >= 0 and s.ready()]
-        for s in list(self.seqs.values()):
-            if s.slot < 0 and s.ready() and self.cache.free_slots > 0:
-                outs += self._prefill(s)
+        starting = [s for s in self.seqs.values() if s.slot < 0 and s.ready()][: self.cache.free_slots]
+        if starting:
+            outs += self._prefill(starting)  # new requests together, in one forward
         if batch:
             outs += self._decode(batch)
         self._steps += 1
@@ -135,7 +135,8 @@ class TalkerRunner:
             part[~sel_mm] = self.model.text_projection(embeds[user & ~mm])
         return _Seq(request=msg.request, user_part=part, role_embeds=embeds[-3:])
 
-    def _prefill(self, seq: _Seq) -> list[Any]:
+    def _inputs(self, seq: _Seq) -> torch.Tensor:
+        """The talker's prompt for a request: its user turns, then the assistant start. [P, Ht]"""
         spec, req = self.spec, seq.request
         assistant = self.model.text_projection(torch.stack([*seq.role_embeds, seq.text[0]]))  # [4, Ht]
         text_part = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
@@ -154,16 +155,40 @@ class TalkerRunner:
                 self.codec_embed(torch.tensor(codec_ids, device=self.device)),
             ]
         )
-        inputs = torch.cat([seq.user_part, text_part + codec_part])[None]  # [1, P, Ht]
-        if inputs.shape[1] + req.talker.max_tokens > self.cfg.max_seq_len:
+        inputs = torch.cat([seq.user_part, text_part + codec_part])
+        if inputs.shape[0] + req.talker.max_tokens > self.cfg.max_seq_len:
             raise ValueError(
-                f"talker context {inputs.shape[1]} + {req.talker.max_tokens} frames exceeds "
+                f"talker context {inputs.shape[0]} + {req.talker.max_tokens} frames exceeds "
                 f"{self.cfg.max_seq_len}"
             )
-        seq.slot = self.cache.alloc()
-        seq.sampler = RequestSampler(req.talker, [spec.codec_eos_id], suppress=self.suppress)
-        h, _ = self.stack.forward(inputs, self.cache, [seq.slot], [0])
-        return self._sample([seq], h[:, -1])
+        return inputs
+
+    def _prefill(self, seqs: list[_Seq]) -> list[Any]:
+        outs: list[Any] = []
+        ready: list[tuple[_Seq, torch.Tensor]] = []
+        for seq in seqs:
+            try:
+                ready.append((seq, self._inputs(seq)))
+            except ValueError as e:  # this request cannot be spoken; the others go on
+                rid = seq.request.request_id
+                self.seqs.pop(rid, None)
+                outs.append(StageFinished(rid, "talker", "error", error=f"talker: {e}"))
+        if not ready:
+            return outs
+        lengths = [x.shape[0] for _, x in ready]
+        longest = max(lengths)
+        inputs = torch.stack(
+            [torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[0])) for _, x in ready]
+        )  # [B, P, Ht], right-padded
+        for seq, _ in ready:
+            seq.slot = self.cache.alloc()
+            seq.sampler = RequestSampler(seq.request.talker, [self.spec.codec_eos_id], suppress=self.suppress)
+        starting = [seq for seq, _ in ready]
+        h, _ = self.stack.forward(
+            inputs, self.cache, [s.slot for s in starting], [0] * len(ready), lengths=lengths
+        )
+        last = h[torch.arange(len(ready), device=h.device), torch.tensor(lengths, device=h.device) - 1]
+        return outs + self._sample(starting, last)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
         code0 = to_device([s.code0 for s in seqs], self.device)

@@ -44,6 +44,18 @@ class _Seq:
         return PrefixEntry(self.slot, self.keys + fed, torch.cat(self.embeds), torch.cat(self.hidden))
 
 
+@dataclass
+class _Pending:
+    """A request admitted this step, waiting for the batched prefill."""
+
+    request: GenerationRequest
+    slot: int
+    reuse: int  # prompt positions already in the slot (prefix cache)
+    entry: PrefixEntry | None
+    keys: list
+    embeds: torch.Tensor  # [1, n - reuse, H]
+
+
 class ThinkerRunner:
     name = "thinker"
 
@@ -86,9 +98,9 @@ class ThinkerRunner:
         if seq is not None:
             self._retire(seq)  # a barged-in answer still leaves a reusable prefix
 
-    def _can_admit(self) -> bool:
+    def _can_admit(self, admitted: int = 0) -> bool:
         room = self.cache.free_slots > 0 or len(self.prefix) > 0
-        return bool(self.waiting) and len(self.running) < self.cfg.max_batch and room
+        return bool(self.waiting) and len(self.running) + admitted < self.cfg.max_batch and room
 
     def has_work(self) -> bool:
         return bool(self.running) or self._can_admit()
@@ -110,16 +122,23 @@ class ThinkerRunner:
     def step(self) -> list[Any]:
         outs: list[Any] = []
         decoding = list(self.running.values())
-        # Admit new requests first: their first token is on the time-to-first-audio path.
-        while self._can_admit():
-            outs += self._prefill(self.waiting.popleft())
+        # Admit new requests first, prefilled together: their first token is on the time-to-first-audio
+        # path. At most one context's worth of prompt tokens per step keeps decode steps flowing.
+        batch: list[_Pending] = []
+        budget = self.cfg.max_seq_len
+        while self._can_admit(len(batch)) and (not batch or len(self.waiting[0].prompt.input_ids) <= budget):
+            batch.append(self._admit(self.waiting.popleft()))
+            budget -= batch[-1].embeds.shape[1]
+        if batch:
+            outs += self._prefill(batch)
         if decoding:
             outs += self._decode(decoding)
         self._steps += 1
         return outs
 
     # ---- internals ---------------------------------------------------------------------------
-    def _prefill(self, req: GenerationRequest) -> list[Any]:
+    def _admit(self, req: GenerationRequest) -> _Pending:
+        """Take a KV slot for `req` (its conversation's cached one if any) and embed what is new."""
         n = len(req.prompt.input_ids)
         keys = position_keys(req.prompt, self.spec.audio_pad_id) if req.cache_key else []
         entry, reuse = self.prefix.match(req.cache_key, keys) if req.cache_key else (None, 0)
@@ -131,37 +150,78 @@ class ThinkerRunner:
                 self.prefix.evict_one()
             slot = self.cache.alloc()
         embeds = embed_prompt(self.model, self.spec.audio_pad_id, req.prompt, reuse, self.device)
+        return _Pending(req, slot, reuse, entry if reuse > 0 else None, keys, embeds)
+
+    def _prefill(self, batch: list[_Pending]) -> list[Any]:
         accept = self.spec.accept_hidden_layer
-        h, kept = self.stack.forward(embeds, self.cache, [slot], [reuse], keep=(0, accept))
-        prompt_embeds, prompt_hidden = kept[0][0], kept[accept][0]  # [n - reuse, H]
-        if entry is not None and reuse > 0:
-            prompt_embeds = torch.cat([entry.embeds[:reuse], prompt_embeds])
-            prompt_hidden = torch.cat([entry.hidden[:reuse], prompt_hidden])
+        lengths = [p.embeds.shape[1] for p in batch]
+        if len(batch) > 1:
+            log.debug("prefilling %d requests together (%d tokens)", len(batch), sum(lengths))
+        longest = max(lengths)
+        embeds = torch.cat(
+            [torch.nn.functional.pad(p.embeds, (0, 0, 0, longest - p.embeds.shape[1])) for p in batch]
+        )  # [B, T, H], right-padded
+        h, kept = self.stack.forward(
+            embeds,
+            self.cache,
+            [p.slot for p in batch],
+            [p.reuse for p in batch],
+            keep=(0, accept),
+            lengths=lengths,
+        )
+        outs: list[Any] = []
+        seqs: list[_Seq] = []
+        firsts: dict[str, ThinkerChunk] = {}
+        rows: list[int] = []
+        for b, (p, n_new) in enumerate(zip(batch, lengths, strict=True)):
+            seq, first = self._start(p, kept[0][b, :n_new], kept[accept][b, :n_new])
+            if first is None:  # prefill-only: cached, done
+                outs.append(StageFinished(p.request.request_id, "thinker", "stop", 0, seq.prompt_len))
+                continue
+            seqs.append(seq)
+            firsts[p.request.request_id] = first
+            rows.append(b)
+        if seqs:
+            index = torch.tensor(rows, device=h.device)
+            ends = torch.tensor([lengths[b] - 1 for b in rows], device=h.device)
+            logits = self.model.lm_head(h[index, ends])  # [B', V]
+            outs += self._emit(seqs, logits, first_chunk=firsts)
+        return outs
+
+    def _start(
+        self, p: _Pending, embeds: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[_Seq, ThinkerChunk | None]:
+        """Book a prefilled request: a running sequence and its first chunk for the talker."""
+        req, n = p.request, len(p.request.prompt.input_ids)
+        if p.entry is not None:
+            embeds = torch.cat([p.entry.embeds[: p.reuse], embeds])  # [n, H]
+            hidden = torch.cat([p.entry.hidden[: p.reuse], hidden])
         max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - n)
         params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
         sampler = RequestSampler(params, self.spec.thinker_eos_ids, history=req.prompt.input_ids)
-        seq = _Seq(req, slot, sampler, prompt_len=n)
+        seq = _Seq(req, p.slot, sampler, prompt_len=n)
         if req.cache_key:
-            seq.keys, seq.embeds, seq.hidden = keys, [prompt_embeds], [prompt_hidden]
-        self._cached_tokens += reuse
-        if reuse:
-            log.debug("request %s: %d of %d prompt positions from the prefix cache", req.request_id, reuse, n)
+            seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
+        self._cached_tokens += p.reuse
+        if p.reuse:
+            log.debug(
+                "request %s: %d of %d prompt positions from the prefix cache", req.request_id, p.reuse, n
+            )
         if req.prefill_only:
             self._retire(seq)
-            return [StageFinished(req.request_id, "thinker", "stop", 0, n)]
+            return seq, None
         self.running[req.request_id] = seq
-        logits = self.model.lm_head(h[:, -1])  # [1, V]
         first = ThinkerChunk(
             request_id=req.request_id,
             token_ids=(),
             token_embeds=None,
             finished=False,
             prompt_ids=req.prompt.input_ids,
-            prompt_embeds=_np(prompt_embeds),
-            prompt_hidden=_np(prompt_hidden),
+            prompt_embeds=_np(embeds),
+            prompt_hidden=_np(hidden),
             request=req,
         )
-        return self._emit([seq], logits, first_chunk={req.request_id: first})
+        return seq, first
 
     def _retire(self, seq: _Seq) -> None:
         """Free a finished request's slot, or keep it as its conversation's cached prefix."""

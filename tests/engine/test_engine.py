@@ -265,3 +265,17 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart(
         await eng.close()
     leaked = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} - shm_before
     assert leaked == set(), leaked
+
+
+async def test_a_request_the_talker_cannot_fit_fails_alone(tiny_checkpoint: Path) -> None:
+    data = profile_for(tiny_checkpoint).model_dump()
+    data["stages"]["talker"]["max_seq_len"] = 128
+    eng = await Engine.start(parse_profile(data))
+    try:
+        too_long, fine = request(eng, 0, talker_tokens=200), request(eng, 2, talker_tokens=20)
+        (_, bad), (ok_outs, ok) = await asyncio.gather(collect(eng, too_long), collect(eng, fine))
+        assert bad.finish_reason == "error" and "talker context" in (bad.error or "")
+        assert ok.finish_reason == "length" and audio_of(ok_outs).size > 0
+        await wait_idle(eng)
+    finally:
+        await eng.close()
