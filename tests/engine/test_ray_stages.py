@@ -74,8 +74,11 @@ def test_private_cluster_and_its_queues_come_and_go() -> None:
         q.close()
         with pytest.raises(EOFError):
             q.get(timeout=1)
+        late = stages.connector()
     finally:
         stages.shutdown()
+    with pytest.raises(EOFError):  # a late reader after shutdown, and no new Ray instance for it
+        late.get(timeout=0.2)
     assert not ray.is_initialized()
 
 
@@ -86,7 +89,9 @@ def ray_cluster():
     ray.shutdown()
 
 
-async def test_ray_actors_match_thread_workers_and_leave_nothing(tiny_checkpoint: Path, ray_cluster) -> None:
+async def test_ray_actors_match_thread_workers_and_leave_nothing(
+    tiny_checkpoint: Path, ray_cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     single = await Engine.start(parse_profile(_cpu_ray(tiny_checkpoint, "thread", replicas=1)))
     try:
         reqs = [request(single, i) for i in range(2)]
@@ -102,6 +107,16 @@ async def test_ray_actors_match_thread_workers_and_leave_nothing(tiny_checkpoint
         await wait_idle(eng)
         steps = {(s.name, s.replica): s.steps for s in eng.replica_stats()}
         assert eng._pipeline.dead_workers() == []
+        # a replica's actor that dies is reported like a dead stage process (restarts are the
+        # supervisor's business, tested with processes; off here, a restart takes as long as a start)
+        monkeypatch.setattr(eng._supervisor, "may_restart", lambda: False)
+        (victim,) = [a for a in actors if a["name"].endswith("-talker-1")]
+        ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+        deadline = time.monotonic() + 10
+        while not eng.failure:
+            assert time.monotonic() < deadline, "the dead actor was not noticed"
+            await asyncio.sleep(0.1)
+        assert victim["name"] in eng.failure and "ActorDiedError" in eng.failure, eng.failure
     finally:
         await eng.close()
     assert all(steps[(s, r)] > 0 for s in ("talker", "code2wav") for r in (0, 1)), steps

@@ -26,33 +26,36 @@ class RayQueueConnector:
         if name is not None:
             options.update(name=name, namespace=namespace)
         self._q = Queue(actor_options=options)
+        self._closed = False
 
     def put(self, msg: Any) -> None:
-        try:
-            self._q.put(_encode(msg))
-        except RayActorError as e:
-            raise EOFError("ray connector is closed") from e
+        self._call(self._q.put, _encode(msg))
 
     def get(self, timeout: float | None) -> Any | None:
         try:
-            item = self._q.get(timeout=timeout)
+            item = self._call(self._q.get, True, timeout)
         except Empty:
             return None
-        except RayActorError as e:  # closed (its actor killed) while waiting
-            raise EOFError("ray connector is closed") from e
         return _decode(item)
 
     def drain(self) -> list[Any]:
-        try:
-            n = self._q.qsize()
-            items = self._q.get_nowait_batch(n) if n else []
-        except RayActorError as e:
-            raise EOFError("ray connector is closed") from e
-        return [_decode(item) for item in items]
+        n = self._call(self._q.qsize)
+        return [_decode(item) for item in self._call(self._q.get_nowait_batch, n)] if n else []
 
     def close(self) -> None:
-        # the queue's actor, and with it every message still in it
-        ray.kill(self._q.actor, no_restart=True)
+        # the queue's actor, and with it every message still in it; a reader waiting on it gets EOFError
+        if not self._closed and ray.is_initialized():
+            ray.kill(self._q.actor, no_restart=True)
+        self._closed = True
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        # never after close or ray.shutdown(): a call then would quietly start a new local Ray instance
+        if self._closed or not ray.is_initialized():
+            raise EOFError("ray connector is closed")
+        try:
+            return fn(*args)
+        except RayActorError as e:  # its actor was killed (closed) or its node is gone
+            raise EOFError("ray connector is closed") from e
 
 
 def _encode(msg: Any) -> tuple[bytes, list[bytes]]:
