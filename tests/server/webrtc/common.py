@@ -1,0 +1,64 @@
+"""Shared by the WebRTC and page tests: the tiny model behind a real server, espeak-ng speech."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import soxr
+
+from omnivoice.audio import decode_wav, encode_wav
+from omnivoice.config import parse_profile
+from omnivoice.server import create_app
+
+from ..serve import ServerThread, wait_until_healthy
+
+
+def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:
+    """Session settings fixing the random model's output lengths (`frames` talker frames of 80 ms)."""
+    return {
+        "type": "realtime", "max_output_tokens": tokens,
+        "omnivoice": {"min_output_tokens": tokens, "output_audio_frames": frames}, **session,
+    }  # fmt: skip
+
+
+@contextmanager
+def serve_tiny(checkpoint: Path) -> Iterator[ServerThread]:
+    """The tiny model (thread workers) behind a real uvicorn server."""
+    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
+    profile = parse_profile({
+        "model": {"path": str(checkpoint)},
+        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+    })  # fmt: skip
+    st = ServerThread(create_app(profile))
+    st.start()
+    try:
+        wait_until_healthy(st.base_url, timeout=300)
+        yield st
+    finally:
+        st.stop()
+
+
+def speak(text: str, folder: Path) -> tuple[np.ndarray, int]:
+    """`text` spoken by espeak-ng: float32 mono and its sample rate."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
+    path = folder / f"{abs(hash(text))}.wav"
+    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+    return decode_wav(path.read_bytes())
+
+
+def speech_wav(text: str, folder: Path, lead_s: float, tail_s: float, rate: int = 48000) -> Path:
+    """A WAV at `rate` of silence, `text` spoken, silence: a fake microphone for Chromium."""
+    pcm, src = speak(text, folder)
+    lead, tail = np.zeros(int(lead_s * src), np.float32), np.zeros(int(tail_s * src), np.float32)
+    x = np.concatenate([lead, pcm, tail])
+    path = folder / f"speech-{rate}.wav"
+    path.write_bytes(encode_wav(soxr.resample(x, src, rate).astype(np.float32), rate))
+    return path

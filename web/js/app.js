@@ -1,0 +1,227 @@
+// The voice-chat page: start/stop, the transcript, levels, and the latency of each turn (end of the
+// user's speech, `input_audio_buffer.speech_stopped`, to the first audio back). `window.omnivoice`
+// exposes the page's state to tests and the console.
+
+import { levelMeter, openMicrophone } from "./audio.js";
+import { WebRTCTransport } from "./webrtc.js";
+import { WebSocketTransport } from "./websocket.js";
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+
+const page = {
+  state: "idle",
+  mode: params.get("mode") === "websocket" ? "websocket" : "webrtc",
+  sessionId: null,
+  latencies: [],   // ms, one per answered turn
+  turns: 0,        // user turns detected by the server
+  audioReceivedMs: 0,
+  transcript: [],  // [{role, text, status}]
+  events: [],      // types of every server event, in order
+  errors: [],
+};
+window.omnivoice = page;
+
+let transport = null;
+let mic = null;
+let ctx = null;
+let micLevel = null;
+let stopAt = null;   // performance.now() of the last speech_stopped still waiting for audio
+let userBubble = null;
+let replies = new Map(); // response id -> {li, text, turn latency}
+let meterTimer = null;
+
+function setState(state) {
+  page.state = state;
+  const badge = $("state");
+  badge.textContent = state;
+  badge.dataset.state = state.startsWith("closed") || state === "failed" ? "error" : state;
+}
+
+function log(text, isError = false) {
+  const li = document.createElement("li");
+  li.textContent = `${new Date().toLocaleTimeString()} ${text}`;
+  if (isError) li.className = "error";
+  const list = $("log");
+  list.append(li);
+  while (list.children.length > 300) list.firstChild.remove();
+  list.scrollTop = list.scrollHeight;
+}
+
+function bubble(role, text, meta = "") {
+  const li = document.createElement("li");
+  li.className = role;
+  li.innerHTML = '<span class="who"></span><span class="text"></span><span class="meta"></span>';
+  li.querySelector(".who").textContent = role === "user" ? "you" : "assistant";
+  li.querySelector(".text").textContent = text;
+  li.querySelector(".meta").textContent = meta;
+  $("transcript").append(li);
+  li.scrollIntoView({ block: "nearest" });
+  return li;
+}
+
+function firstAudio(responseId) {
+  if (stopAt === null) return;
+  const ms = Math.round(performance.now() - stopAt);
+  stopAt = null;
+  page.latencies.push(ms);
+  const mean = page.latencies.reduce((a, b) => a + b, 0) / page.latencies.length;
+  $("latency-last").textContent = `${ms} ms`;
+  $("latency-mean").textContent = `${Math.round(mean)} ms`;
+  const reply = replies.get(responseId);
+  if (reply) {
+    reply.latency = ms;
+    reply.li.querySelector(".meta").textContent = `first audio after ${ms} ms`;
+  }
+  log(`turn latency ${ms} ms`);
+}
+
+function onEvent(ev) {
+  page.events.push(ev.type);
+  if (!ev.type.endsWith(".delta")) log(ev.type);
+  switch (ev.type) {
+    case "session.created":
+      page.sessionId = ev.session.id;
+      $("session-id").textContent = ev.session.id;
+      break;
+    case "input_audio_buffer.speech_started":
+      setState("listening");
+      userBubble = bubble("user", "(speaking…)", "");
+      userBubble.dataset.startMs = ev.audio_start_ms;
+      break;
+    case "input_audio_buffer.speech_stopped": {
+      stopAt = performance.now();
+      page.turns += 1;
+      $("turns").textContent = String(page.turns);
+      if (userBubble) {
+        const seconds = (ev.audio_end_ms - Number(userBubble.dataset.startMs)) / 1000;
+        userBubble.querySelector(".text").textContent = `(spoken, ${seconds.toFixed(1)} s)`;
+        userBubble.querySelector(".meta").textContent = `turn ${page.turns}`;
+      }
+      page.transcript.push({ role: "user", text: "(audio)", status: "completed" });
+      setState("connected");
+      break;
+    }
+    case "response.created": {
+      const li = bubble("assistant", "", "thinking…");
+      replies.set(ev.response.id, { li, text: "", latency: null });
+      break;
+    }
+    case "response.output_audio_transcript.delta":
+    case "response.output_text.delta": {
+      const reply = replies.get(ev.response_id);
+      if (reply) {
+        reply.text += ev.delta;
+        reply.li.querySelector(".text").textContent = reply.text;
+      }
+      break;
+    }
+    case "response.output_audio.delta": // WebSocket: the audio itself
+      firstAudio(ev.response_id);
+      setState("speaking");
+      break;
+    case "output_audio_buffer.started": // WebRTC: the server started playing on the track
+      firstAudio(ev.response_id);
+      setState("speaking");
+      break;
+    case "output_audio_buffer.stopped":
+    case "output_audio_buffer.cleared":
+      setState("connected");
+      break;
+    case "response.done": {
+      const r = ev.response;
+      const reply = replies.get(r.id);
+      if (reply) {
+        const status = r.status_details?.reason === "turn_detected" ? "interrupted" : r.status;
+        if (r.status === "cancelled") reply.li.classList.add("cancelled");
+        const latency = reply.latency === null ? "" : `first audio after ${reply.latency} ms · `;
+        reply.li.querySelector(".meta").textContent = `${latency}${status}`;
+        page.transcript.push({ role: "assistant", text: reply.text, status: r.status });
+      }
+      if (page.state === "speaking" && page.mode === "websocket") setState("connected");
+      break;
+    }
+    case "error":
+      page.errors.push(ev.error);
+      log(`error: ${ev.error.message}`, true);
+      break;
+    default:
+  }
+}
+
+async function clientSecret() {
+  let session = { type: "realtime" };
+  if (params.get("session")) session = { ...session, ...JSON.parse(params.get("session")) };
+  const resp = await fetch("/v1/realtime/client_secrets", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ expires_after: { anchor: "created_at", seconds: 600 }, session }),
+  });
+  if (!resp.ok) throw new Error(`client secret: ${resp.status} ${await resp.text()}`);
+  return (await resp.json()).value;
+}
+
+async function start() {
+  setState("connecting");
+  $("talk").disabled = true;
+  page.mode = document.querySelector('input[name="mode"]:checked').value;
+  try {
+    const secret = await clientSecret();
+    mic = await openMicrophone();
+    ctx = new AudioContext();
+    await ctx.resume();
+    micLevel = levelMeter(ctx, ctx.createMediaStreamSource(mic));
+    const handlers = { onEvent, onState: (s) => { if (s !== "connected" || page.state === "connecting") setState(s); } };
+    transport = page.mode === "webrtc"
+      ? new WebRTCTransport({ ...handlers, audioElement: $("remote-audio") })
+      : new WebSocketTransport(handlers);
+    await transport.connect(secret, mic, ctx);
+    setState("connected");
+    running(true);
+  } catch (err) {
+    log(String(err.message || err), true);
+    page.errors.push({ message: String(err.message || err) });
+    await stop();
+    setState("failed");
+  } finally {
+    $("talk").disabled = false;
+  }
+}
+
+async function stop() {
+  running(false);
+  await transport?.close();
+  transport = null;
+  mic?.getTracks().forEach((t) => t.stop());
+  mic = null;
+  await ctx?.close();
+  ctx = null;
+  micLevel = null;
+  stopAt = null;
+  setState("idle");
+}
+
+function running(on) {
+  const talk = $("talk");
+  talk.setAttribute("aria-pressed", String(on));
+  $("talk-label").textContent = on ? "Stop" : "Start talking";
+  document.querySelectorAll('input[name="mode"]').forEach((el) => { el.disabled = on; });
+  clearInterval(meterTimer);
+  meterTimer = on ? setInterval(meters, 100) : null;
+  if (!on) { $("in-level").style.width = "0%"; $("out-level").style.width = "0%"; }
+}
+
+function meters() {
+  const scale = (x) => `${Math.min(100, Math.round(Math.sqrt(x) * 200))}%`;
+  if (micLevel) $("in-level").style.width = scale(micLevel());
+  if (transport) {
+    $("out-level").style.width = scale(transport.outputLevel());
+    page.audioReceivedMs = transport.receivedMs;
+    page.audioEnergy = transport.energy ?? null;
+    $("audio-received").textContent = `${(transport.receivedMs / 1000).toFixed(1)} s`;
+  }
+}
+
+document.querySelector(`input[name="mode"][value="${page.mode}"]`).checked = true;
+$("talk").addEventListener("click", () => (transport ? stop() : start()));
+page.ready = true;
