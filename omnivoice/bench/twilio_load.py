@@ -11,8 +11,9 @@ drops its audio and echoes the pending marks at once. Per turn, on one monotonic
   includes the VAD's silence wait; Twilio has no speech_stopped, so no split into parts);
 - stall: the longest wait of a player that starts at the first frame (bench.metrics.playback_stall).
 
-Twilio has no end-of-response message: a turn ends once the player has played all it got and no
-media has come for QUIET_S.
+Twilio has no end-of-response message: a turn ends once the player has played all the answer, known
+from `audio_frames` when it is fixed (80 ms each), else when no media has come for QUIET_S (a slow
+server that pauses longer mid-answer gets interrupted by the next turn).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from omnivoice.bench.realtime_load import RATE, RealtimeLoadConfig, TurnRecord
 ULAW_RATE = 8000
 FRAME_BYTES = 160  # 20 ms
 FRAME_S = FRAME_BYTES / ULAW_RATE
-QUIET_S = 1.0
+QUIET_S = 2.0
+CODEC_FRAME_S = 0.08
 
 
 def to_ulaw(pcm16: bytes) -> bytes:
@@ -118,7 +120,11 @@ class TwilioCaller:
 
     def _answered(self, turn: TurnRecord) -> bool:
         now = time.monotonic()
-        return turn.first_audio is not None and now >= self._play_end and now - self._last_media >= QUIET_S
+        if turn.first_audio is None or now < self._play_end:
+            return False
+        if self.cfg.audio_frames:  # the answer's length is known (less the resampler's few ms)
+            return sum(s for _, s in turn.chunks) >= self.cfg.audio_frames * CODEC_FRAME_S - 0.1
+        return now - self._last_media >= QUIET_S
 
     async def _media_at(self, ws: Any, frame: bytes, clock: float) -> float:
         """Send one frame at `clock` (absolute schedule: no drift), and the marks played by then;
