@@ -157,7 +157,6 @@ class TelephonyConfig(_Strict):
         "null: wss:// and the Host of the TwiML request",
     )
     max_audio_ahead_ms: int = Field(200, ge=20, description="audio sent ahead of playback at the carrier")
-    mark_interval_ms: int = Field(100, ge=20, description="a mark after this much audio: played position")
 
 
 class RayConfig(_Strict):
