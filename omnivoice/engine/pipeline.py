@@ -69,12 +69,16 @@ class Pipeline:
     stopped: bool = False
 
     @classmethod
-    def start(cls, profile: Profile, model_path: Path | DummySource, timeout: float = 600.0) -> Pipeline:
+    def start(
+        cls, profile: Profile, model_path: Path | DummySource, timeout: float = 600.0, ray: Any = None
+    ) -> Pipeline:
+        """Start every stage worker and wait until all are ready. `ray`: the RayStages of a pipeline
+        stopped with keep_ray (a restart), whose Ray connection this one takes over."""
         cfg = profile.stages.stage
         use_processes = any(cfg(s).worker == "process" for s in STAGES)
         ctx = mp.get_context("spawn")
-        ray_stages = None
-        if any(cfg(s).worker == "ray" for s in STAGES):
+        ray_stages = ray
+        if ray_stages is None and any(cfg(s).worker == "ray" for s in STAGES):
             from omnivoice.engine.ray_stages import RayStages
 
             ray_stages = RayStages(profile)
@@ -167,8 +171,12 @@ class Pipeline:
             for inbox in self.inboxes[s]:
                 inbox.put(msg)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Shut every worker down and close the connectors; a second call does nothing."""
+    def stop(self, timeout: float = 10.0, keep_ray: bool = False) -> None:
+        """Shut every worker down and close the connectors; a second call does nothing.
+
+        The Ray connection (and the local cluster, if this pipeline started one) is closed too, unless
+        `keep_ray`: a restart hands it to the next pipeline, since Ray cannot be reliably shut down and
+        started again in a process whose threads have used it."""
         if self.stopped:
             return
         self.stopped = True
@@ -185,5 +193,5 @@ class Pipeline:
             self.ray.stop(timeout)
         for c in [*(c for s in STAGES for c in self.inboxes[s]), self.engine_inbox]:
             c.close()
-        if self.ray is not None:
+        if self.ray is not None and not keep_ray:
             self.ray.shutdown()

@@ -24,6 +24,7 @@ from ray.exceptions import GetTimeoutError
 
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import StageName
+from omnivoice.engine.connectors import Connector
 from omnivoice.engine.connectors.rayqueue import RayQueueConnector
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.logs import configure_logging
@@ -43,9 +44,9 @@ class StageActor:
         replica: int,
         profile: Profile,
         model_path: Path | DummySource,
-        inbox: RayQueueConnector,
-        downstream: list[RayQueueConnector],
-        engine: RayQueueConnector,
+        inbox: Connector,
+        downstream: list[Connector],
+        engine: Connector,
     ) -> None:
         self.name, self.replica = name, replica
         self.profile, self.model_path = profile, model_path
@@ -131,6 +132,7 @@ class RayStages:
         self._connected = True
 
     def connector(self) -> RayQueueConnector:
+        _check_connected()
         self._queues += 1
         return RayQueueConnector(f"omnivoice-{self._tag}-queue-{self._queues}", self._profile.ray.namespace)
 
@@ -139,10 +141,11 @@ class RayStages:
         stage: StageName,
         replica: int,
         model_path: Path | DummySource,
-        inbox: RayQueueConnector,
-        downstream: list[RayQueueConnector],
-        engine: RayQueueConnector,
+        inbox: Connector,
+        downstream: list[Connector],
+        engine: Connector,
     ) -> None:
+        _check_connected()
         name = f"omnivoice-{self._tag}-{stage}-{replica}"
         actor_class = ray.remote(StageActor).options(
             name=name,
@@ -150,7 +153,7 @@ class RayStages:
             max_restarts=0,  # a dead replica is reported by dead(); the engine decides what follows
             **actor_resources(self._profile, stage, replica),
         )
-        actor = actor_class.remote(stage, replica, self._profile, model_path, inbox, downstream, engine)
+        actor: Any = actor_class.remote(stage, replica, self._profile, model_path, inbox, downstream, engine)
         self._actors.append((name, actor, actor.run.remote()))
 
     def dead(self) -> list[str]:
@@ -174,12 +177,19 @@ class RayStages:
         for _, actor, _ in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors.clear()
+        self._tag = uuid.uuid4().hex[:8]  # a restart's actors must not wait for these names to free
 
     def shutdown(self) -> None:
         """Disconnect if this pipeline connected (stopping the local cluster it started, if any)."""
         if self._connected:
             ray.shutdown()
             self._connected = False
+
+
+def _check_connected() -> None:
+    # Ray would otherwise quietly start a new local instance for the call
+    if not ray.is_initialized():
+        raise RuntimeError("the Ray connection of these stages was shut down")
 
 
 def _how_it_ended(ref: Any) -> str:

@@ -44,8 +44,8 @@ class Supervisor:
         log.warning(
             "restarting the stages (%d of %d in %.0f s)", len(self._restarts), MAX_RESTARTS, RESTART_WINDOW_S
         )
-        old.stop(timeout=5.0)
-        new = Pipeline.start(self._profile, self._source)
+        old.stop(timeout=5.0, keep_ray=True)
+        new = Pipeline.start(self._profile, self._source, ray=old.ray)
         log.warning("stages restarted in %.1f s", time.perf_counter() - t0)
         return new
 

@@ -4,6 +4,8 @@ nothing left on the cluster after close."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +32,14 @@ def _cpu_ray(checkpoint: Path, worker: str = "ray", replicas: int = 2) -> dict:
     for stage in ("talker", "code2wav"):
         data["stages"][stage]["replicas"] = replicas
     return data
+
+
+def test_the_single_node_path_does_not_import_ray() -> None:
+    code = (
+        "import sys, omnivoice.cli, omnivoice.server.app, omnivoice.engine.engine, omnivoice.engine.pipeline;"
+        "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_placement_asks_ray_for_cpus_and_gpu_shares() -> None:
@@ -69,6 +79,7 @@ def test_private_cluster_and_its_queues_come_and_go() -> None:
         first = q.get(timeout=5)
         rest = q.drain()
         assert [m["i"] for m in [first, *rest]] == [0, 1, 2]  # in order
+        assert first is not None
         first["pcm"][0] = 1.0  # writable, like the shared-memory connector's arrays
         assert q.get(timeout=0.05) is None and q.drain() == []
         q.close()
@@ -89,8 +100,8 @@ def ray_cluster():
     ray.shutdown()
 
 
-async def test_ray_actors_match_thread_workers_and_leave_nothing(
-    tiny_checkpoint: Path, ray_cluster, monkeypatch: pytest.MonkeyPatch
+async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
+    tiny_checkpoint: Path, ray_cluster
 ) -> None:
     single = await Engine.start(parse_profile(_cpu_ray(tiny_checkpoint, "thread", replicas=1)))
     try:
@@ -107,9 +118,8 @@ async def test_ray_actors_match_thread_workers_and_leave_nothing(
         await wait_idle(eng)
         steps = {(s.name, s.replica): s.steps for s in eng.replica_stats()}
         assert eng._pipeline.dead_workers() == []
-        # a replica's actor that dies is reported like a dead stage process (restarts are the
-        # supervisor's business, tested with processes; off here, a restart takes as long as a start)
-        monkeypatch.setattr(eng._supervisor, "may_restart", lambda: False)
+        # a replica's actor that dies is noticed like a dead stage process, and the stages come back
+        # on the same Ray connection
         (victim,) = [a for a in actors if a["name"].endswith("-talker-1")]
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
         deadline = time.monotonic() + 10
@@ -117,6 +127,13 @@ async def test_ray_actors_match_thread_workers_and_leave_nothing(
             assert time.monotonic() < deadline, "the dead actor was not noticed"
             await asyncio.sleep(0.1)
         assert victim["name"] in eng.failure and "ActorDiedError" in eng.failure, eng.failure
+        deadline = time.monotonic() + 120
+        while eng.failure or eng.restarting:
+            assert time.monotonic() < deadline, eng.failure
+            await asyncio.sleep(0.2)
+        again, fin = await collect(eng, reqs[1])
+        assert fin.finish_reason == "length" and tokens_of(again) == tokens_of(expected[1][0])
+        assert victim["name"] not in {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
     finally:
         await eng.close()
     assert all(steps[(s, r)] > 0 for s in ("talker", "code2wav") for r in (0, 1)), steps

@@ -45,7 +45,7 @@ class RayQueueConnector:
     def close(self) -> None:
         # the queue's actor, and with it every message still in it; a reader waiting on it gets EOFError
         if not self._closed and ray.is_initialized():
-            ray.kill(self._q.actor, no_restart=True)
+            ray.kill(self._q.actor, no_restart=True)  # type: ignore[arg-type]  # ray types it loosely
         self._closed = True
 
     def _call(self, fn: Any, *args: Any) -> Any:
