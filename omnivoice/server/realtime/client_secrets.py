@@ -27,6 +27,7 @@ from omnivoice.server.realtime.session_config import SessionPatch, SessionSettin
 
 PREFIX = "ek_"
 SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
+DEFAULT_TTL_S = 600  # OpenAI's default
 
 
 class _Strict(BaseModel):
@@ -35,11 +36,11 @@ class _Strict(BaseModel):
 
 class ExpiresAfter(_Strict):
     anchor: Literal["created_at"] = "created_at"
-    seconds: int = Field(600, ge=10, le=7200)
+    seconds: int = Field(DEFAULT_TTL_S, ge=10, le=7200)
 
 
 class ClientSecretRequest(_Strict):
-    expires_after: ExpiresAfter = ExpiresAfter()
+    expires_after: ExpiresAfter | None = None
     session: dict[str, Any] | None = None
 
 
@@ -115,7 +116,8 @@ async def create_client_secret(request: Request) -> Response:
         raise bad_request(f"Invalid value for '{param}': {first['msg']}.", param=param) from None
     info = state.lifecycle.require().info
     settings = _check_session(req.session or {}, info.voices, info.default_voice)
-    secret = state.realtime.secrets.issue(req.session or {}, req.expires_after.seconds)
+    ttl_s = req.expires_after.seconds if req.expires_after else DEFAULT_TTL_S
+    secret = state.realtime.secrets.issue(req.session or {}, ttl_s)
     session = session_object(settings, "", info.served_name, beta=False)
     del session["id"]  # a session id is made for each session opened with the secret
     session["expires_at"] = int(secret.expires_at)

@@ -97,7 +97,7 @@ class Session:
         elif isinstance(e, p.ResponseCancel):
             await self._cancel_response(e)
         elif isinstance(e, p.OutputAudioClear):
-            self.outbox.clear_output(self.response and self.response.id)
+            self.outbox.clear_output(self.response.id if self.response else None)
         else:
             items.handle(self, e)
 
@@ -184,7 +184,7 @@ class Session:
         )
         if td.interrupt_response:
             in_flight = self.response
-            cut = self.outbox.interrupt(in_flight and in_flight.id)  # WebRTC: server-side playout stops
+            cut = self.outbox.interrupt(in_flight.id if in_flight else None)  # WebRTC: playout stops
             if in_flight is not None:
                 await in_flight.cancel("turn_detected")  # its item keeps what was played
             elif cut is not None:

@@ -161,8 +161,8 @@ def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     channels = len(frame.layout.channels)
     x = data.reshape(-1, channels) if frame.format.is_packed else data.T
     mono = x.astype(np.float32).mean(axis=1)
-    if np.issubdtype(data.dtype, np.integer):
-        mono /= float(np.iinfo(data.dtype).max) + 1.0
+    if data.dtype.kind == "i":
+        mono /= float(2 ** (8 * data.dtype.itemsize - 1))
     return mono
 
 
@@ -176,6 +176,8 @@ async def read_microphone(
             frame = await track.recv()
         except MediaStreamError:
             return
+        if not isinstance(frame, AudioFrame):
+            raise TypeError(f"expected audio frames from the microphone track, got {type(frame).__name__}")
         if resampler is None or resampler.in_rate != frame.sample_rate:
             resampler = StreamResampler(frame.sample_rate, out_rate)
         pcm = resampler.process(frame_to_mono(frame))
