@@ -145,6 +145,9 @@ class RealtimeConfig(_Strict):
     max_buffer_seconds: float = Field(60.0, gt=0, description="input audio buffer per session")
     idle_timeout_s: float = Field(600.0, gt=0, description="close a session this long without events")
     max_audio_ahead_ms: int = Field(1000, ge=0, description="audio sent ahead of real-time playback")
+    webrtc_connect_timeout_s: float = Field(
+        15.0, gt=0, description="close a WebRTC call not connected (ICE + DTLS) this long after the answer"
+    )
 
 
 class TelephonyConfig(_Strict):

@@ -34,7 +34,7 @@ from omnivoice.server.realtime.service import RealtimeService
 from omnivoice.server.telephony.twilio_endpoint import twilio_endpoint
 from omnivoice.server.telephony.twiml import twilio_twiml
 from omnivoice.server.webrtc import signalling
-from omnivoice.server.webrtc.calls import CONNECT_TIMEOUT_S, Calls
+from omnivoice.server.webrtc.calls import Calls
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("omnivoice.access")
@@ -52,7 +52,8 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
     lifecycle = EngineLifecycle(profile, engine_factory)
     admission = Admission(profile.server.max_concurrent_requests)
     realtime = RealtimeService(profile.realtime)
-    calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=CONNECT_TIMEOUT_S)
+    timeout = profile.realtime.webrtc_connect_timeout_s
+    calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=timeout)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -17,9 +17,6 @@ from omnivoice.server.webrtc.peer import Call
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 15.0  # from the answer to a connected peer (ICE + DTLS)
-
-
 class Calls:
     def __init__(
         self, service: RealtimeService, *, profile: Any, admission: Any, connect_timeout_s: float
