@@ -171,7 +171,7 @@ async function start() {
     ctx = new AudioContext();
     await ctx.resume();
     micLevel = levelMeter(ctx, ctx.createMediaStreamSource(mic));
-    const handlers = { onEvent, onState: (s) => { if (s !== "connected" || page.state === "connecting") setState(s); } };
+    const handlers = { onEvent, onState: transportState };
     transport = page.mode === "webrtc"
       ? new WebRTCTransport({ ...handlers, audioElement: $("remote-audio") })
       : new WebSocketTransport(handlers);
@@ -185,6 +185,15 @@ async function start() {
     setState("failed");
   } finally {
     $("talk").disabled = false;
+  }
+}
+
+/** The transport's own state: a lost connection ends the session (and says why). */
+function transportState(s) {
+  if (s === "failed" || s.startsWith("closed")) {
+    if (transport) stop().then(() => setState(s));
+  } else if (s !== "connected" || page.state === "connecting") {
+    setState(s);
   }
 }
 

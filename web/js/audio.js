@@ -97,7 +97,7 @@ export class Player {
     this.level = levelMeter(ctx, this.out);
     this.sources = [];
     this.playhead = 0;
-    this.item = null; // { id, start } of the item being played
+    this.item = null; // { id, pieces: [{at, duration}] } of the item being played
   }
 
   play(itemId, pcm) {
@@ -108,7 +108,8 @@ export class Player {
     src.buffer = buffer;
     src.connect(this.out);
     const at = Math.max(this.playhead, ctx.currentTime + 0.03);
-    if (!this.item || this.item.id !== itemId) this.item = { id: itemId, start: at };
+    if (!this.item || this.item.id !== itemId) this.item = { id: itemId, pieces: [] };
+    this.item.pieces.push({ at, duration: buffer.duration });
     src.start(at);
     this.playhead = at + buffer.duration;
     this.sources.push(src);
@@ -121,9 +122,13 @@ export class Player {
   clear() {
     for (const s of this.sources) { try { s.stop(); } catch { /* already stopped */ } }
     this.sources = [];
-    const cut = this.item && this.playing
-      ? { itemId: this.item.id, playedMs: Math.max(0, Math.round((this.ctx.currentTime - this.item.start) * 1000)) }
-      : null;
+    let cut = null;
+    if (this.item && this.playing) {
+      // what was heard: the pieces played so far (a gap between pieces, when the audio came late, is no audio)
+      const now = this.ctx.currentTime;
+      const played = this.item.pieces.reduce((sum, p) => sum + Math.min(Math.max(now - p.at, 0), p.duration), 0);
+      cut = { itemId: this.item.id, playedMs: Math.round(played * 1000) };
+    }
     this.playhead = 0;
     this.item = null;
     return cut;

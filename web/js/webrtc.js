@@ -8,6 +8,7 @@ export class WebRTCTransport {
     this.onEvent = onEvent;
     this.onState = onState;
     this.playing = false; // between output_audio_buffer.started and .stopped/.cleared
+    this.stopping = false; // stopped/cleared came: count one more poll (the tail in the jitter buffer)
     this.audio = audioElement;
     this.pc = null;
     this.dc = null;
@@ -55,10 +56,9 @@ export class WebRTCTransport {
   }
 
   handle(event) {
-    if (event.type === "output_audio_buffer.started") this.playing = true;
+    if (event.type === "output_audio_buffer.started") { this.playing = true; this.stopping = false; }
     if (event.type === "output_audio_buffer.stopped" || event.type === "output_audio_buffer.cleared") {
-      this.pollStats(); // count the tail before the flag drops
-      this.playing = false;
+      this.stopping = this.playing;
     }
     this.onEvent(event);
   }
@@ -79,6 +79,7 @@ export class WebRTCTransport {
         const total = s.totalSamplesDuration ?? 0;
         if (this.playing && this.samplesDuration !== null) this.receivedMs += 1000 * (total - this.samplesDuration);
         this.samplesDuration = total;
+        if (this.stopping) { this.playing = false; this.stopping = false; }
         this.packets = s.packetsReceived ?? 0;
         this.bytes = s.bytesReceived ?? 0;
       }

@@ -54,11 +54,15 @@ def speak(text: str, folder: Path) -> tuple[np.ndarray, int]:
     return decode_wav(path.read_bytes())
 
 
-def speech_wav(text: str, folder: Path, lead_s: float, tail_s: float, rate: int = 48000) -> Path:
-    """A WAV at `rate` of silence, `text` spoken, silence: a fake microphone for Chromium."""
-    pcm, src = speak(text, folder)
-    lead, tail = np.zeros(int(lead_s * src), np.float32), np.zeros(int(tail_s * src), np.float32)
-    x = np.concatenate([lead, pcm, tail])
+def speech_wav(parts: list[str | float], folder: Path, rate: int = 48000) -> Path:
+    """A WAV at `rate` of `parts`, texts spoken and silences (seconds): a fake microphone for Chromium."""
+    audio = []
+    for part in parts:
+        if isinstance(part, str):
+            pcm, src = speak(part, folder)
+            audio.append(soxr.resample(pcm, src, rate).astype(np.float32))
+        else:
+            audio.append(np.zeros(int(part * rate), np.float32))
     path = folder / f"speech-{rate}.wav"
-    path.write_bytes(encode_wav(soxr.resample(x, src, rate).astype(np.float32), rate))
+    path.write_bytes(encode_wav(np.concatenate(audio), rate))
     return path

@@ -1,7 +1,9 @@
 """The voice-chat page in real headless Chromium (Debian's `chromium`, driven by Playwright over the
 DevTools protocol), its microphone faked from an espeak-ng WAV: in WebRTC mode and in WebSocket mode
 the page connects with a client secret, the server detects the spoken turn, the assistant's audio
-comes back, and the page shows the transcript and the turn's latency.
+comes back, and the page shows the transcript and the turn's latency. The WAV then speaks over the
+reply: the barge-in stops the playout (server-side over WebRTC, in the page over WebSocket) and the
+next turn is answered.
 
 Set OMNIVOICE_SCREENSHOTS=docs to refresh the committed screenshots (docs/page-*.png).
 """
@@ -54,9 +56,11 @@ def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def microphone(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # 1 s of silence while the page connects, the question, then silence that ends the turn
-    text = "Hello there. Could you tell me a short story about the sea?"
-    return speech_wav(text, tmp_path_factory.mktemp("mic"), lead_s=1.0, tail_s=2.0)
+    # silence while the page connects, a question, silence that ends the turn while the reply starts
+    # playing, then an interruption over the reply, and silence
+    question = "Hello there. Could you tell me a short story about the sea?"
+    parts: list[str | float] = [1.0, question, 2.5, "Wait, stop, stop please.", 2.0]
+    return speech_wav(parts, tmp_path_factory.mktemp("mic"))
 
 
 def screenshot(page: Any, name: str, tmp_path: Path) -> None:
@@ -68,50 +72,52 @@ def screenshot(page: Any, name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["webrtc", "websocket"])
-def test_page_voice_turn(
+def test_page_voice_turns_and_barge_in(
     mode: str, playwright: Any, server: ServerThread, microphone: Path, tmp_path: Path
 ) -> None:
     args = [*FLAGS, f"--use-file-for-fake-audio-capture={microphone}%noloop"]
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
     try:
-        page = browser.new_page(viewport={"width": 1100, "height": 860})
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        session = quote(json.dumps(fixed(12, 25)))  # 2 s of the random model's audio
+        session = quote(json.dumps(fixed(24, 150)))  # 12 s of the random model's audio: still playing
         page.goto(f"{server.base_url}/?mode={mode}&session={session}")
         page.wait_for_function("window.omnivoice && window.omnivoice.ready")
         page.click("#talk")
-        page.wait_for_function("window.omnivoice.state !== 'connecting'", timeout=TIMEOUT_MS)
         # the server detects the turn; the first audio back gives the turn's latency
         page.wait_for_function("window.omnivoice.latencies.length >= 1", timeout=TIMEOUT_MS)
-        page.wait_for_timeout(400)  # let the meters and the transcript catch up, for the screenshot
+        page.wait_for_function("window.omnivoice.audioReceivedMs > 500", timeout=TIMEOUT_MS)
+        first = page.evaluate("window.omnivoice")
+        # the interruption: the reply stops, the next turn is answered
+        page.wait_for_function("window.omnivoice.latencies.length >= 2", timeout=TIMEOUT_MS)
+        page.wait_for_timeout(500)  # the meters and the transcript catch up, for the screenshot
         screenshot(page, f"page-{mode}.png", tmp_path)
-        done = "output_audio_buffer.stopped" if mode == "webrtc" else "response.done"
-        page.wait_for_function(f"window.omnivoice.events.includes('{done}')", timeout=TIMEOUT_MS)
-        page.wait_for_function("window.omnivoice.audioReceivedMs > 1500", timeout=10_000)
-        state = page.evaluate("window.omnivoice")
-        latency_text = page.text_content("#latency-last") or ""
-        reply = page.text_content("#transcript li.assistant .text") or ""
         if mode == "websocket":
             page.set_viewport_size({"width": 390, "height": 844})  # a phone
             screenshot(page, "page-mobile.png", tmp_path)
+        state = page.evaluate("window.omnivoice")
+        latency_text = page.text_content("#latency-last") or ""
+        replies = page.locator("#transcript li.assistant").all_text_contents()
         page.click("#talk")  # hang up
         page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
         wait_released(server)
     finally:
         browser.close()
     assert not errors and not state["errors"], (errors, state["errors"])
-    assert state["turns"] == 1
-    assert state["events"].index("input_audio_buffer.speech_stopped") < state["events"].index("response.done")
-    if mode == "webrtc":
-        assert "response.output_audio.delta" not in state["events"]  # the audio came on the track
-        assert state["audioEnergy"] > 0  # and it was not silence
-    else:
-        assert "response.output_audio.delta" in state["events"]
-    assert 1500 < state["audioReceivedMs"] < 3000  # 25 frames of 80 ms
-    [latency] = state["latencies"]
-    assert 0 < latency < 10_000 and re.fullmatch(rf"{latency} ms", latency_text.strip())
-    assert reply.strip()  # the transcript shows the reply's text (noise: random weights)
+    events = state["events"]
+    assert state["turns"] == 2 and events.count("input_audio_buffer.speech_started") == 2
+    assert events.index("input_audio_buffer.speech_stopped") < events.index("response.created")
+    assert first["audioEnergy"] > 0 if mode == "webrtc" else first["audioReceivedMs"] > 500
+    if mode == "webrtc":  # the audio came on the track; the server cleared its playout at the barge-in
+        assert "response.output_audio.delta" not in events
+        assert "output_audio_buffer.started" in events and "output_audio_buffer.cleared" in events
+    else:  # the page played the deltas, stopped at the barge-in and said how much was heard
+        assert "response.output_audio.delta" in events and "conversation.item.truncated" in events
+    assert "interrupted" in replies[0]  # the first reply was cut off by the barge-in
+    assert all(0 < ms < 10_000 for ms in state["latencies"])
+    assert re.fullmatch(rf"{state['latencies'][-1]} ms", latency_text.strip())
+    assert len(replies) == 2 and all(r.strip() for r in replies)  # the transcript shows both replies
 
 
 def wait_released(server: ServerThread, timeout: float = 10.0) -> None:
