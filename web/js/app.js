@@ -227,6 +227,7 @@ function meters() {
     $("out-level").style.width = scale(transport.outputLevel());
     page.audioReceivedMs = transport.receivedMs;
     page.audioEnergy = transport.energy ?? null;
+    page.truncates = transport.truncates ?? 0;
     $("audio-received").textContent = `${(transport.receivedMs / 1000).toFixed(1)} s`;
   }
 }

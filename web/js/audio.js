@@ -97,7 +97,7 @@ export class Player {
     this.level = levelMeter(ctx, this.out);
     this.sources = [];
     this.playhead = 0;
-    this.item = null; // { id, pieces: [{at, duration}] } of the item being played
+    this.item = null; // { id, pieces: [{at, duration}], done } of the item being played
   }
 
   play(itemId, pcm) {
@@ -108,7 +108,7 @@ export class Player {
     src.buffer = buffer;
     src.connect(this.out);
     const at = Math.max(this.playhead, ctx.currentTime + 0.03);
-    if (!this.item || this.item.id !== itemId) this.item = { id: itemId, pieces: [] };
+    if (!this.item || this.item.id !== itemId) this.item = { id: itemId, pieces: [], done: false };
     this.item.pieces.push({ at, duration: buffer.duration });
     src.start(at);
     this.playhead = at + buffer.duration;
@@ -118,12 +118,15 @@ export class Player {
 
   get playing() { return this.playhead > this.ctx.currentTime; }
 
+  /** No more audio will come for `itemId` (response.output_audio.done). */
+  finish(itemId) { if (this.item?.id === itemId) this.item.done = true; }
+
   /** Stop playback; returns {itemId, playedMs} of the item cut short, or null. */
   clear() {
     for (const s of this.sources) { try { s.stop(); } catch { /* already stopped */ } }
     this.sources = [];
     let cut = null;
-    if (this.item && this.playing) {
+    if (this.item && (this.playing || !this.item.done)) { // playing, or ran dry waiting for more
       // what was heard: the pieces played so far (a gap between pieces, when the audio came late, is no audio)
       const now = this.ctx.currentTime;
       const played = this.item.pieces.reduce((sum, p) => sum + Math.min(Math.max(now - p.at, 0), p.duration), 0);

@@ -12,6 +12,7 @@ export class WebSocketTransport {
     this.player = null;
     this.stopCapture = null;
     this.receivedMs = 0;
+    this.truncates = 0; // conversation.item.truncate sent at barge-ins
   }
 
   async connect(secret, mic, ctx) {
@@ -42,9 +43,12 @@ export class WebSocketTransport {
       const pcm = base64ToFloat32(event.delta);
       this.receivedMs += (1000 * pcm.length) / PCM_RATE;
       this.player.play(event.item_id, pcm);
+    } else if (event.type === "response.output_audio.done") {
+      this.player.finish(event.item_id);
     } else if (event.type === "input_audio_buffer.speech_started") {
       const cut = this.player.clear(); // barge-in: stop at once, keep only what was heard
       if (cut) {
+        this.truncates += 1;
         this.send({ type: "conversation.item.truncate", item_id: cut.itemId, content_index: 0, audio_end_ms: cut.playedMs });
       }
     }

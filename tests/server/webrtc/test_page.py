@@ -113,7 +113,8 @@ def test_page_voice_turns_and_barge_in(
         assert "response.output_audio.delta" not in events
         assert "output_audio_buffer.started" in events and "output_audio_buffer.cleared" in events
     else:  # the page played the deltas, stopped at the barge-in and said how much was heard
-        assert "response.output_audio.delta" in events and "conversation.item.truncated" in events
+        assert "response.output_audio.delta" in events
+        assert events.count("conversation.item.truncated") == state["truncates"] == 1
     assert "interrupted" in replies[0]  # the first reply was cut off by the barge-in
     assert all(0 < ms < 10_000 for ms in state["latencies"])
     assert re.fullmatch(rf"{state['latencies'][-1]} ms", latency_text.strip())
