@@ -30,7 +30,7 @@ class _In(BaseModel):
 
 class MediaFormat(_In):
     encoding: str = "audio/x-mulaw"
-    sample_rate: int = Field(RATE, alias="sampleRate")
+    sample_rate: int = Field(default=RATE, alias="sampleRate")
     channels: int = 1
 
 
@@ -166,12 +166,12 @@ class OutClear(_Out):
 
 def media_message(stream_sid: str, ulaw: bytes) -> OutMedia:
     payload = OutMediaInfo(payload=base64.b64encode(ulaw).decode("ascii"))
-    return OutMedia(stream_sid=stream_sid, media=payload)
+    return OutMedia(streamSid=stream_sid, media=payload)
 
 
 def mark_message(stream_sid: str, name: str) -> OutMark:
-    return OutMark(stream_sid=stream_sid, mark=MarkInfo(name=name))
+    return OutMark(streamSid=stream_sid, mark=MarkInfo(name=name))
 
 
 def clear_message(stream_sid: str) -> OutClear:
-    return OutClear(stream_sid=stream_sid)
+    return OutClear(streamSid=stream_sid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ SID = "MZ18ad3ab5a668481ce02b83e7395059f0"
 
 # the examples of Twilio's Media Streams docs ("WebSocket Messages"), byte for byte in structure
 CONNECTED = '{"event": "connected", "protocol": "Call", "version": "1.0.0"}'
-START = {
+START: dict[str, Any] = {
     "event": "start",
     "sequenceNumber": "1",
     "start": {
@@ -27,20 +28,25 @@ START = {
     },
     "streamSid": SID,
 }
-MEDIA = {
+MEDIA: dict[str, Any] = {
     "event": "media",
     "sequenceNumber": "3",
     "media": {"track": "inbound", "chunk": "1", "timestamp": "5", "payload": "no+JhoaJjpzSHxAKBgYJ"},
     "streamSid": SID,
 }
-DTMF = {
+DTMF: dict[str, Any] = {
     "event": "dtmf",
     "streamSid": SID,
     "sequenceNumber": "5",
     "dtmf": {"track": "inbound_track", "digit": "1"},
 }
-MARK = {"event": "mark", "sequenceNumber": "4", "streamSid": SID, "mark": {"name": "my label"}}
-STOP = {
+MARK: dict[str, Any] = {
+    "event": "mark",
+    "sequenceNumber": "4",
+    "streamSid": SID,
+    "mark": {"name": "my label"},
+}
+STOP: dict[str, Any] = {
     "event": "stop",
     "sequenceNumber": "5",
     "streamSid": SID,
