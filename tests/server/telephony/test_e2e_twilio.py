@@ -151,6 +151,32 @@ async def test_barge_in_clears_cancels_and_truncates_at_the_echoed_marks(
     assert [i.role for i in session.conversation.items][:3] == ["user", "assistant", "user"]
 
 
+async def test_barge_in_after_the_answer_was_generated_truncates_what_was_not_heard(
+    server: ServerThread, voice: dict[str, bytes]
+) -> None:
+    async with call(server.base_url) as carrier:
+        await carrier.connected()
+        await carrier.start(**fixed(12, 24))  # ~1.9 s of audio: generated well before it has played
+        await carrier.play(voice["one"])
+        await carrier.next("media", timeout=60)
+        session = the_session(server)
+        await until(lambda: session.last_response is not None and session.response is None)
+        await until(lambda: len(carrier.of("mark")) >= 2)
+        await echo_marks(carrier, 2)
+        heard = len(carrier.audio(before=carrier.of("mark")[1]))
+        await carrier.play(voice["stop"], pace=1.0)
+        await carrier.next("clear", timeout=5)
+        await echo_marks(carrier)  # the dropped marks come back: not played
+        answer = session.last_response
+        await until(lambda: session.response is not None or len(session.conversation.items) >= 3)
+        await carrier.stop()
+    assert answer.status == "incomplete"  # it ran to its end; only its playout was cut
+    ledger = answer.item.ledger
+    assert ledger.complete and abs(ledger.sent - heard) < FRAME
+    kept = answer.item.content[0].transcript
+    assert kept == ledger.heard_transcript(ledger.sent_ms) and len(kept) < len(ledger.transcript)
+
+
 @pytest.mark.parametrize("ending", ["stop", "disconnect"])
 async def test_stop_or_disconnect_frees_the_session_in_every_stage(
     server: ServerThread, voice: dict[str, bytes], ending: str
