@@ -5,9 +5,10 @@ move through RayQueueConnectors. An actor asks Ray for the CPUs of its stage's `
 CUDA device, for a GPU: replicas whose profile devices name the same GPU share one (1/n each), so
 Ray puts them on one GPU of one node. Ray chooses the GPU and exposes it to the actor as cuda:0.
 
-`ray.address: null` starts a private local cluster, shut down with the pipeline; an address ("auto",
-"host:6379", "ray://host:10001") attaches to a running cluster, which is left running. Only imported
-when a profile has a `worker: ray` stage.
+`ray.address: null` starts a private local cluster, shut down when the pipeline stops; an address
+("auto", "host:6379", "ray://host:10001") attaches to a running cluster, which is left running. A
+restart keeps the connection: Ray is not shut down and started again in a serving process. Only
+imported when a profile has a `worker: ray` stage.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def _on_assigned_gpu(profile: Profile, stage: StageName, replica: int) -> Profil
 
 
 class RayStages:
-    """The Ray side of a pipeline: the cluster connection, the stage actors, their liveness."""
+    """The Ray side of a pipeline: the cluster connection, the stage actors, their liveness. A restarted
+    pipeline takes over its predecessor's (Pipeline.start(..., ray=old.ray))."""
 
     def __init__(self, profile: Profile) -> None:
         self._profile = profile
@@ -115,7 +117,7 @@ class RayStages:
         if ray.is_initialized():
             log.info("using the Ray connection this process already has")
             return
-        elif cfg.address is None:
+        if cfg.address is None:
             needed = sum(actor_resources(profile, s, r)["num_cpus"] for s, r in ray_workers(profile))
             # a private cluster on this node: as many CPUs as the actors ask for, even on a small machine
             ray.init(
