@@ -17,6 +17,7 @@ from omnivoice.server.webrtc.peer import Call
 
 log = logging.getLogger(__name__)
 
+
 class Calls:
     def __init__(
         self, service: RealtimeService, *, profile: Any, admission: Any, connect_timeout_s: float

@@ -49,8 +49,7 @@ class DataChannelOutbox(Outbox):
         await super().write(q)
 
     def interrupt(self, response_id: str | None) -> str | None:
-        if response_id is not None:  # its audio still queued here never reaches the track
-            self.drop(lambda ev: ev.get("response_id") != response_id or ev["type"] != AUDIO_DELTA)
+        self.drop(lambda ev: ev["type"] != AUDIO_DELTA)  # audio still queued here never reaches the track
         return self.track.clear(response_id)
 
     def clear_output(self, response_id: str | None) -> None:

@@ -162,8 +162,9 @@ class Call:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None:
-            log.warning("%r: task %s failed: %r", self, task.get_name(), exc)
+        if exc is not None:  # expected once the call is ending (the channel closed under the writer)
+            level = logging.DEBUG if self._ended.is_set() else logging.WARNING
+            log.log(level, "%r: task %s failed: %r", self, task.get_name(), exc)
             self.hang_up(f"{task.get_name()} failed")
         elif task is self._writer:
             self._writer = None

@@ -76,13 +76,18 @@ class PlayoutTrack(MediaStreamTrack):
 
     def finish(self, response_id: str) -> None:
         """`response.done`: no more audio will come for `response_id`."""
-        if self._resampler is not None and response_id not in self._cleared:
+        if response_id in self._cleared:
+            self._cleared.discard(response_id)  # nothing of it can come after its response.done
+            return
+        if self._resampler is not None:
             tail = self._resampler.flush()
             if tail.size and self._queue and self._queue[-1].response_id == response_id:
                 last = self._queue[-1]
                 self._queue.append(_Piece(response_id, last.item_id, _s16(tail), None))
-        self._ended.add(response_id)
-        self._maybe_stopped()
+        queued = any(p.response_id == response_id for p in self._queue)
+        if queued or (self._playing is not None and self._playing[0] == response_id):
+            self._ended.add(response_id)
+            self._maybe_stopped()
 
     def clear(self, response_id: str | None) -> str | None:
         """Drop everything queued (barge-in, `output_audio_buffer.clear`) and any later audio of
@@ -93,9 +98,9 @@ class PlayoutTrack(MediaStreamTrack):
         if self._resampler is not None:
             self._resampler.reset()
         playing, self._playing = self._playing, None
+        self._ended.clear()
         if playing is None:
             return None
-        self._cleared.add(playing[0])
         self._emit({"type": "output_audio_buffer.cleared", "response_id": playing[0]})
         return playing[1]
 
@@ -130,6 +135,7 @@ class PlayoutTrack(MediaStreamTrack):
         while filled < FRAME and self._queue:
             piece = self._queue[0]
             if self._playing is None or self._playing[0] != piece.response_id:
+                self._maybe_stopped()  # the previous response has played out
                 self._playing = (piece.response_id, piece.item_id)
                 self._emit({"type": "output_audio_buffer.started", "response_id": piece.response_id})
             n = min(FRAME - filled, piece.pcm.size - piece.pos)
@@ -146,8 +152,14 @@ class PlayoutTrack(MediaStreamTrack):
         return out
 
     def _maybe_stopped(self) -> None:
-        if self._playing is not None and not self._queue and self._playing[0] in self._ended:
-            self._emit({"type": "output_audio_buffer.stopped", "response_id": self._playing[0]})
+        """`stopped` once the playing response has ended and none of its audio is queued (the queue
+        is in order: the next response's audio may already wait behind it)."""
+        if self._playing is None or self._playing[0] not in self._ended:
+            return
+        rid = self._playing[0]
+        if not self._queue or self._queue[0].response_id != rid:
+            self._emit({"type": "output_audio_buffer.stopped", "response_id": rid})
+            self._ended.discard(rid)
             self._playing = None
 
 

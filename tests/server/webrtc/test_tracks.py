@@ -81,3 +81,21 @@ def test_frames_to_mono() -> None:
         np.array([[0.5, 0.5], [0.1, -0.5]], np.float32), format="fltp", layout="stereo"
     )
     assert np.allclose(frame_to_mono(planar), [0.3, 0.0])
+
+
+async def test_back_to_back_responses_stop_then_start() -> None:
+    t, events = track()
+    t.play("resp_1", "item_1", np.full(960, 0.5, np.float32), 48000, None)
+    t.finish("resp_1")
+    t.play("resp_2", "item_2", np.full(960, 0.5, np.float32), 48000, None)  # queued behind resp_1
+    t.finish("resp_2")
+    for _ in range(3):
+        await t.recv()
+    assert [(e["type"], e["response_id"]) for e in events] == [
+        ("output_audio_buffer.started", "resp_1"),
+        ("output_audio_buffer.stopped", "resp_1"),
+        ("output_audio_buffer.started", "resp_2"),
+        ("output_audio_buffer.stopped", "resp_2"),
+    ]
+    t.finish("resp_3")  # a response without audio: no events
+    assert len(events) == 4
