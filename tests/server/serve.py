@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -68,3 +70,29 @@ def wait_until_healthy(base_url: str, timeout: float) -> None:
             raise RuntimeError(f"engine failed to start: {last.text}")
         time.sleep(0.05)
     raise TimeoutError(f"server not healthy after {timeout} s: {last.text if last else None}")
+
+
+@contextmanager
+def serve_tiny(checkpoint: Path, **sections: Any) -> Iterator[ServerThread]:
+    """The tiny model (thread workers, for a quick start) behind a real uvicorn server on loopback.
+
+    `sections` adds profile sections (e.g. `realtime={"max_buffer_seconds": 30}`).
+    """
+    from omnivoice.config import parse_profile
+    from omnivoice.server import create_app
+
+    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
+    profile = parse_profile(
+        {
+            "model": {"path": str(checkpoint)},
+            "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+            **sections,
+        }
+    )
+    st = ServerThread(create_app(profile))
+    st.start()
+    try:
+        wait_until_healthy(st.base_url, timeout=300)
+        yield st
+    finally:
+        st.stop()

@@ -14,11 +14,9 @@ import numpy as np
 import openai
 import pytest
 
-from omnivoice.config import parse_profile
 from omnivoice.engine.types import AudioPart, TextPart
-from omnivoice.server import create_app
 
-from ..serve import ServerThread, wait_until_healthy
+from ..serve import ServerThread, serve_tiny
 from .rt import Recorder, pcm16, send_audio, speak
 
 pytestmark = pytest.mark.slow
@@ -36,19 +34,8 @@ def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
-    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
-    profile = parse_profile({
-        "model": {"path": str(tiny_checkpoint)},
-        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
-        "realtime": {"max_buffer_seconds": 30},
-    })  # fmt: skip
-    st = ServerThread(create_app(profile))
-    st.start()
-    try:
-        wait_until_healthy(st.base_url, timeout=300)
+    with serve_tiny(tiny_checkpoint, realtime={"max_buffer_seconds": 30}) as st:
         yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,8 @@ from typing import Any
 
 import pytest
 
-from omnivoice.config import parse_profile
-from omnivoice.server import create_app
-
 from ..realtime.rt import speak
-from ..serve import ServerThread, wait_until_healthy
+from ..serve import ServerThread, serve_tiny
 from .carrier import FRAME, Carrier, call, ulaw
 
 pytestmark = pytest.mark.slow
@@ -36,18 +33,8 @@ def fixed(tokens: int, frames: int, **parameters: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
-    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
-    profile = parse_profile({
-        "model": {"path": str(tiny_checkpoint)},
-        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
-    })  # fmt: skip
-    st = ServerThread(create_app(profile))
-    st.start()
-    try:
-        wait_until_healthy(st.base_url, timeout=300)
+    with serve_tiny(tiny_checkpoint) as st:
         yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture(scope="module")

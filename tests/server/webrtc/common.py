@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,8 @@ import pytest
 import soxr
 
 from omnivoice.audio import decode_wav, encode_wav
-from omnivoice.config import parse_profile
-from omnivoice.server import create_app
 
-from ..serve import ServerThread, wait_until_healthy
+from ..serve import serve_tiny  # noqa: F401  (re-exported for the WebRTC tests)
 
 
 def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:
@@ -26,23 +22,6 @@ def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:
         "type": "realtime", "max_output_tokens": tokens,
         "omnivoice": {"min_output_tokens": tokens, "output_audio_frames": frames}, **session,
     }  # fmt: skip
-
-
-@contextmanager
-def serve_tiny(checkpoint: Path) -> Iterator[ServerThread]:
-    """The tiny model (thread workers) behind a real uvicorn server."""
-    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
-    profile = parse_profile({
-        "model": {"path": str(checkpoint)},
-        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
-    })  # fmt: skip
-    st = ServerThread(create_app(profile))
-    st.start()
-    try:
-        wait_until_healthy(st.base_url, timeout=300)
-        yield st
-    finally:
-        st.stop()
 
 
 def speak(text: str, folder: Path) -> tuple[np.ndarray, int]:
