@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +73,7 @@ async def test_thread_replicas_spread_requests_and_give_the_same_output(tiny_che
         np.testing.assert_allclose(audio_of(g_outs), audio_of(e_outs), rtol=0, atol=1e-5)
 
 
-async def test_cpu_replicas_profile_runs_replica_processes(tiny_checkpoint: Path) -> None:
+async def test_cpu_replicas_profile_runs_replicas_and_replaces_a_killed_one(tiny_checkpoint: Path) -> None:
     data = yaml.safe_load((ROOT / "configs" / "cpu-replicas.yaml").read_text())
     data["model"] = {"path": str(tiny_checkpoint)}
     eng = await Engine.start(parse_profile(data, "cpu-replicas.yaml"))
@@ -81,6 +83,20 @@ async def test_cpu_replicas_profile_runs_replica_processes(tiny_checkpoint: Path
         assert all(fin.finish_reason == "length" and audio_of(outs).size for outs, fin in results)
         await wait_idle(eng)
         used = [s.steps > 0 for s in eng.replica_stats() if s.name == "talker"]
+        # a killed replica is replaced (with the rest of the stages) and requests succeed again
+        victim = next(p for p in eng._pipeline.processes if p.name.endswith("-talker-1"))
+        os.kill(victim.pid, signal.SIGKILL)
+        deadline = asyncio.get_running_loop().time() + 120
+        while eng.failure is None:  # noticed within about a second
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.1)
+        while eng.failure is not None:
+            assert asyncio.get_running_loop().time() < deadline, eng.failure
+            await asyncio.sleep(0.2)
+        talkers = [p for p in eng._pipeline.processes if "-talker-" in p.name]
+        assert len(talkers) == 2 and all(p.is_alive() for p in talkers)
+        results = await asyncio.gather(*(collect(eng, request(eng, i, talker_tokens=20)) for i in range(2)))
+        assert all(fin.finish_reason == "length" for _, fin in results)
     finally:
         await eng.close()
     assert used == [True, True]
