@@ -234,12 +234,14 @@ class Engine:
         dead = [] if self._closed or self.failure else self._pipeline.dead_workers()
         if not dead:
             return
-        self.failure = f"stage worker stopped: {', '.join(dead)}"
+        restart = self._supervisor.may_restart()
+        # the whole message before any request fails: their callers may read it at once
+        failure = f"stage worker stopped: {', '.join(dead)}"
+        self.failure = failure + "; restarting the stages" if restart else failure
         log.error("%s; failing %d in-flight requests", self.failure, len(self._requests))
         for rid in list(self._requests):
             self._fail(rid, self.failure)
-        if self._supervisor.may_restart():
-            self.failure += "; restarting the stages"
+        if restart:
             self._restarting = threading.Thread(target=self._restart, name="engine-restart", daemon=True)
             self._restarting.start()
 
