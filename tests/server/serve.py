@@ -47,16 +47,23 @@ class ServerThread:
 
 
 @contextmanager
-def serve(app: ASGIApp, *, wait_healthy: float | None = 30.0) -> Iterator[str]:
-    """Serve `app`, yield its base URL, stop it on exit; waits for /health 200 unless None."""
+def serve_thread(app: ASGIApp, *, wait_healthy: float | None = 30.0) -> Iterator[ServerThread]:
+    """Serve `app`, yield its ServerThread, stop it on exit; waits for /health 200 unless None."""
     st = ServerThread(app)
-    base_url = st.start()
+    st.start()
     try:
         if wait_healthy is not None:
-            wait_until_healthy(base_url, wait_healthy)
-        yield base_url
+            wait_until_healthy(st.base_url, wait_healthy)
+        yield st
     finally:
         st.stop()
+
+
+@contextmanager
+def serve(app: ASGIApp, *, wait_healthy: float | None = 30.0) -> Iterator[str]:
+    """As `serve_thread`, yielding the base URL."""
+    with serve_thread(app, wait_healthy=wait_healthy) as st:
+        yield st.base_url
 
 
 def wait_until_healthy(base_url: str, timeout: float) -> None:
@@ -89,10 +96,5 @@ def serve_tiny(checkpoint: Path, **sections: Any) -> Iterator[ServerThread]:
             **sections,
         }
     )
-    st = ServerThread(create_app(profile))
-    st.start()
-    try:
-        wait_until_healthy(st.base_url, timeout=300)
+    with serve_thread(create_app(profile), wait_healthy=300) as st:
         yield st
-    finally:
-        st.stop()

@@ -29,7 +29,7 @@ from omnivoice.audio import decode_wav
 from omnivoice.config import Profile, parse_profile
 from omnivoice.server import create_app
 
-from .serve import ServerThread, wait_until_healthy
+from .serve import ServerThread, serve_thread
 
 pytestmark = pytest.mark.slow
 
@@ -52,13 +52,8 @@ def e2e_profile(tiny_checkpoint: Path) -> Profile:
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
-    st = ServerThread(create_app(e2e_profile(tiny_checkpoint)))
-    st.start()
-    try:
-        wait_until_healthy(st.base_url, timeout=300)
+    with serve_thread(create_app(e2e_profile(tiny_checkpoint)), wait_healthy=300) as st:
         yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture
