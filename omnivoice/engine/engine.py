@@ -25,7 +25,7 @@ from omnivoice.engine.request_state import ModelInfo, RequestState
 from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.engine.source import resolve_model_path
 from omnivoice.engine.stage import StageCrashed
-from omnivoice.engine.supervisor import Supervisor, sum_stats
+from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.types import (
     AudioChunk,
     ChatMessage,
@@ -183,7 +183,7 @@ class Engine:
         with self._lock:
             active = len(self._requests)
         per = self.replica_stats()
-        stages = tuple(sum_stats(s, [x for x in per if x.name == s]) for s in STAGES)
+        stages = tuple(StageStats.total(s, [x for x in per if x.name == s]) for s in STAGES)
         return EngineStats(stages=stages, active_requests=active)
 
     def replica_stats(self) -> tuple[StageStats, ...]:

@@ -17,7 +17,6 @@ from typing import Any
 
 from omnivoice.config import Profile
 from omnivoice.engine.pipeline import Pipeline
-from omnivoice.engine.types import StageStats
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +47,3 @@ class Supervisor:
         new = Pipeline.start(self._profile, self._source, ray=old.ray)
         log.warning("stages restarted in %.1f s", time.perf_counter() - t0)
         return new
-
-
-def sum_stats(name: str, parts: list[StageStats]) -> StageStats:
-    """One stage's figures summed over its replicas (last_batch_size: the largest)."""
-    return StageStats(
-        name,
-        queued=sum(p.queued for p in parts),
-        running=sum(p.running for p in parts),
-        last_batch_size=max((p.last_batch_size for p in parts), default=0),
-        steps=sum(p.steps for p in parts),
-        busy_s=sum(p.busy_s for p in parts),
-        cached_tokens=sum(p.cached_tokens for p in parts),
-    )
-

@@ -114,6 +114,19 @@ class StageStats:
     cached_tokens: int = 0  # prompt positions served from the prefix cache since the stage started
     replica: int = 0  # which worker of the stage (engine.stats() sums them per stage)
 
+    @classmethod
+    def total(cls, name: str, parts: list[StageStats]) -> StageStats:
+        """One stage's figures summed over its replicas (last_batch_size: the largest)."""
+        return cls(
+            name,
+            queued=sum(p.queued for p in parts),
+            running=sum(p.running for p in parts),
+            last_batch_size=max((p.last_batch_size for p in parts), default=0),
+            steps=sum(p.steps for p in parts),
+            busy_s=sum(p.busy_s for p in parts),
+            cached_tokens=sum(p.cached_tokens for p in parts),
+        )
+
 
 @dataclass(frozen=True)
 class EngineStats:

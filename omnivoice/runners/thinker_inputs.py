@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from omnivoice.engine.types import Prompt
+from omnivoice.models.prompt import audio_inputs
 
 
 def audio_spans(ids: tuple[int, ...], audio_pad_id: int) -> list[tuple[int, int]]:
@@ -38,14 +39,11 @@ def embed_prompt(
     needed = [i for i, (_, end) in enumerate(spans) if end > start]
     if not needed:
         return embeds
-    feats = [prompt.audio_features[i] for i in needed]
-    longest = max(f.shape[1] for f in feats)
-    batch = torch.zeros(len(feats), feats[0].shape[0], longest, dtype=embeds.dtype)
-    mask = torch.zeros(len(feats), longest, dtype=torch.long)
-    for j, f in enumerate(feats):
-        batch[j, :, : f.shape[1]] = torch.from_numpy(f)
-        mask[j, : f.shape[1]] = 1
-    audio = thinker.get_audio_features(batch.to(device), mask.to(device)).last_hidden_state.to(embeds.dtype)
+    inputs = audio_inputs(Prompt((), tuple(prompt.audio_features[i] for i in needed)))
+    assert inputs is not None
+    batch, mask = inputs  # as the processor pads them: [n, n_mels, frames], [n, frames]
+    audio = thinker.get_audio_features(batch.to(device, embeds.dtype), mask.to(device)).last_hidden_state
+    audio = audio.to(embeds.dtype)
     lengths = [spans[i][1] - spans[i][0] for i in needed]
     if sum(lengths) != audio.shape[0]:
         raise ValueError(f"{sum(lengths)} audio placeholders but {audio.shape[0]} audio features")
