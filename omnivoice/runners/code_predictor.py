@@ -1,4 +1,10 @@
-"""The code predictor (MTP): codebooks 1..G-1 of a frame, G-1 sequential steps, batched over requests."""
+"""The code predictor (MTP): codebooks 1..G-1 of a frame, G-1 sequential steps, batched over requests.
+
+A whole frame (the two-position prefill, G-2 one-token steps, G-1 heads and samplings) is one
+fixed-shape function of device tensors, so on a GPU it is captured as a single CUDA graph per batch
+bucket (`StepGraphs`). Every row of a frame sits at the same positions, so row b simply uses KV
+slot b of a scratch cache that lives for one frame.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,16 @@ from typing import Any
 
 import torch
 
-from omnivoice.engine.types import Sampling
 from omnivoice.runners.decoder import DecoderStack
-from omnivoice.runners.sampling import RequestSampler, sample_rows
+from omnivoice.runners.graphs import StepGraphs
 
 # transformers' generate() samples the residual codebooks with these when the talker samples
-_SAMPLED = Sampling(temperature=1.0, top_k=50, top_p=0.8)
-_GREEDY = Sampling(temperature=0.0)
+_TOP_K = 50
+_TOP_P = 0.8
 
 
 class CodePredictor:
-    def __init__(self, module: Any, max_batch: int, device: torch.device) -> None:
+    def __init__(self, module: Any, max_batch: int, device: torch.device, graphs: bool = False) -> None:
         self.module = module
         self.stack = DecoderStack(module.model, multimodal_rope=False)
         self.embeds = module.model.codec_embedding  # G-1 embeddings, one per residual codebook
@@ -24,37 +29,56 @@ class CodePredictor:
         self.groups = len(self.heads) + 1
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
+        self.run = StepGraphs(self._frame, "code predictor", enabled=graphs)
 
     def predict(
-        self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor, seqs: list[Any]
+        self,
+        talker_hidden: torch.Tensor,
+        code0_embed: torch.Tensor,
+        uniforms: torch.Tensor,
+        greedy: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """talker_hidden, code0_embed: [B, Ht] -> residual codes [B, G-1], their embeddings [B, G-1, Ht]."""
+        """talker_hidden, code0_embed: [B, Ht]; uniforms [B, G-1] (float32, one draw per sampled code);
+        greedy [B] (bool: argmax instead). -> residual codes [B, G-1], their embeddings [B, G-1, Ht]."""
         b = talker_hidden.shape[0]
-        slots = [self.cache.alloc() for _ in range(b)]
-        try:
-            samplers = [self._sampler(s) for s in seqs]
-            h, _ = self.stack.forward(
-                torch.stack([talker_hidden, code0_embed], dim=1), self.cache, slots, [0] * b
-            )
-            codes: list[torch.Tensor] = []
-            embeds: list[torch.Tensor] = []
-            for k in range(self.groups - 1):
-                logits = self.heads[k](h[:, -1])  # [B, V]
-                code = sample_rows(samplers, logits)  # [B], stays on the device: no sync per codebook
-                codes.append(code)
-                embeds.append(self.embeds[k](code))
-                if k == self.groups - 2:
-                    break
-                starts = [self.cache.lengths[s] for s in slots]
-                h, _ = self.stack.forward(embeds[-1][:, None], self.cache, slots, starts)
-        finally:
-            for s in slots:
-                self.cache.release(s)
+        inputs = {"hidden": talker_hidden, "code0": code0_embed, "uniforms": uniforms, "greedy": greedy}
+        codes, embeds = self.run(b, inputs)
+        return codes, embeds
+
+    def _frame(
+        self, hidden: torch.Tensor, code0: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        b = hidden.shape[0]
+        slots = torch.arange(b, device=hidden.device)
+        start = torch.zeros(b, dtype=torch.long, device=hidden.device)
+        kv_len = self.cache.max_len
+        h, _ = self.stack.forward_indexed(
+            torch.stack([hidden, code0], dim=1), self.cache, slots, start, kv_len
+        )
+        codes: list[torch.Tensor] = []
+        embeds: list[torch.Tensor] = []
+        for k in range(self.groups - 1):
+            code = sample_residual(self.heads[k](h[:, -1]), uniforms[:, k], greedy)  # [B]
+            codes.append(code)
+            embeds.append(self.embeds[k](code))  # [B, Ht]
+            if k == self.groups - 2:
+                break
+            h, _ = self.stack.forward_indexed(embeds[-1][:, None], self.cache, slots, start + 2 + k, kv_len)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
 
-    @staticmethod
-    def _sampler(seq: Any) -> RequestSampler:
-        params = _SAMPLED if seq.request.talker.temperature > 0 else _GREEDY
-        if params is _SAMPLED and seq.request.talker.seed is not None:
-            params = Sampling(temperature=1.0, top_k=50, top_p=0.8, seed=seq.request.talker.seed + seq.frames)
-        return RequestSampler(params, end_ids=())
+
+def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+    """One residual code per row: argmax where `greedy`, else transformers' top-k 50, top-p 0.8 at
+    temperature 1, drawn by inverse CDF with the row's uniform `u` [B]. Device ops only."""
+    scores = logits.float()
+    kth = torch.topk(scores, min(_TOP_K, scores.shape[-1]), dim=-1).values[:, -1:]
+    scores = scores.masked_fill(scores < kth, float("-inf"))
+    sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+    cum = sorted_scores.softmax(-1).cumsum(-1)
+    drop = cum <= (1 - _TOP_P)
+    drop[:, -1] = False  # always keep the most likely code
+    scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, float("-inf")))
+    cdf = scores.softmax(-1).cumsum(-1)  # [B, V]
+    drawn = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)[:, 0]
+    drawn = drawn.clamp_max(cdf.shape[-1] - 1)
+    return torch.where(greedy, logits.argmax(-1), drawn)

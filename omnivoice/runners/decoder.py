@@ -89,6 +89,48 @@ class DecoderStack:
             cache.lengths[slot] = start + n
         return self.norm(h), kept
 
+    def forward_indexed(
+        self,
+        h: torch.Tensor,
+        cache: SlotKVCache,
+        slot_idx: torch.Tensor,
+        start_idx: torch.Tensor,
+        kv_len: int,
+        keep: Iterable[int] = (),
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """h: [B, T, H] at positions start_idx[b]..+T of slot slot_idx[b]; every row's T inputs are real.
+
+        Only device tensors and fixed shapes: no host sync, no Python per row, so a CUDA graph can
+        capture it. Attention reads the first `kv_len` cache positions (a bucket >= every row's end,
+        masked per row) instead of the exact longest length, so the shapes repeat from step to step.
+        Does not advance `cache.lengths` (the caller knows the rows' lengths).
+        """
+        b, t, _ = h.shape
+        device = h.device
+        positions = start_idx.unsqueeze(1) + torch.arange(t, device=device).unsqueeze(0)  # [B, T]
+        cos, sin = self._rope(h, positions)
+        keys = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len)
+        mask = keys <= positions.view(b, 1, t, 1)  # [B, 1, T, K]
+        kept: dict[int, torch.Tensor] = {}
+        keep = set(keep)
+        if 0 in keep:
+            kept[0] = h
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            shape = (b, t, -1, self.head_dim)
+            q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)  # [B, Hq, T, D]
+            k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)  # [B, Hkv, T, D]
+            v = attn.v_proj(x).view(shape).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys_, values = cache.write_read(i, slot_idx, positions, k, v, kv_len)
+            out, _ = sdpa_attention_forward(attn, q, keys_, values, mask, dropout=0.0, scaling=attn.scaling)
+            h = h + attn.o_proj(out.reshape(b, t, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if i + 1 in keep:
+                kept[i + 1] = h
+        return self.norm(h), kept
+
     def _attention(
         self, attn, layer_idx, x, cos, sin, cache, slots, starts, length, mask, index
     ) -> torch.Tensor:

@@ -6,7 +6,11 @@ import torch
 
 
 class SlotKVCache:
-    """k/v: [layers, slots, kv_heads, max_len, head_dim]. A request owns one slot while it runs."""
+    """k/v: [layers, slots + 1, kv_heads, max_len, head_dim]. A request owns one slot while it runs.
+
+    The extra last slot (`scratch`) is never handed out: the padding rows of a fixed-size batch write
+    their keys and values there.
+    """
 
     def __init__(
         self,
@@ -18,11 +22,12 @@ class SlotKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
+        shape = (num_layers, num_slots + 1, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.lengths = [0] * num_slots
+        self.scratch = num_slots
         self._free = list(range(num_slots - 1, -1, -1))
 
     @property
@@ -65,6 +70,22 @@ class SlotKVCache:
         for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             self.k[layer, slot, :, start : start + t] = k[b]
             self.v[layer, slot, :, start : start + t] = v[b]
+
+    def write_read(
+        self,
+        layer: int,
+        slot_idx: torch.Tensor,
+        positions: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, kv_heads, T, D] of rows slot_idx [B] at positions [B, T]; read back the first
+        `kv_len` positions of those slots [B, kv_heads, kv_len, D]. Device indices only (graph-safe)."""
+        rows = slot_idx.unsqueeze(1)  # [B, 1] broadcast against positions [B, T]
+        self.k[layer][rows, :, positions] = k.transpose(1, 2)  # target [B, T, kv_heads, D]
+        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        return self.k[layer][slot_idx, :, :kv_len], self.v[layer][slot_idx, :, :kv_len]
 
     def read(
         self, layer: int, slots: list[int], length: int, slot_idx: torch.Tensor | None = None

@@ -8,6 +8,7 @@ decode (codebook 0 of the next frame), as transformers' generate() does one requ
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from omnivoice.config import StageConfig
 from omnivoice.engine.chunks import CodecChunk, StageFinished, ThinkerChunk
 from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.code_predictor import CodePredictor
+from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.sampling import RequestSampler, sample_rows
 from omnivoice.runners.transfer import to_device
@@ -41,6 +43,7 @@ class _Seq:
     code0: int = -1
     hidden: torch.Tensor | None = None  # [Ht] talker's last hidden state
     frames: int = 0
+    residual_rng: torch.Generator | None = None  # the code predictor's draws
 
     def ready(self) -> bool:
         if self.slot < 0:
@@ -62,13 +65,17 @@ class TalkerRunner:
         self.stack = DecoderStack(talker.model, multimodal_rope=True)
         self.codec_embed = talker.get_input_embeddings()
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
-        self.predictor = CodePredictor(talker.code_predictor, cfg.max_batch, device)
+        graphs = cfg.execution == "cuda_graph"
+        self.predictor = CodePredictor(talker.code_predictor, cfg.max_batch, device, graphs)
+        self.decode_step = DecodeStep(self.stack, self.cache, cfg.max_batch, device, graphs, "talker")
         # [3, Ht]: text_projection of the thinker's tts_bos / tts_eos / tts_pad embeddings
         self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(tts_embeds.to(device, self.dtype))
         self.suppress = torch.tensor(spec.talker_suppressed_ids, device=device)
         self.seqs: dict[str, _Seq] = {}
         self._steps = 0
         self._last_batch = 0
+        if graphs:
+            self._capture_graphs()
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
@@ -103,7 +110,9 @@ class TalkerRunner:
 
     def stats(self) -> StageStats:
         queued = sum(1 for s in self.seqs.values() if s.slot < 0)
-        return StageStats(self.name, queued, len(self.seqs) - queued, self._last_batch, self._steps)
+        running = len(self.seqs) - queued
+        used = len(self.cache.lengths) - self.cache.free_slots
+        return StageStats(self.name, queued, running, self._last_batch, self._steps, kv_slots_used=used)
 
     @torch.inference_mode()
     def step(self) -> list[Any]:
@@ -191,22 +200,64 @@ class TalkerRunner:
         return outs + self._sample(starting, last)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
-        code0 = to_device([s.code0 for s in seqs], self.device)
-        hidden = torch.stack([s.hidden for s in seqs])  # [B, Ht]
-        residual, residual_embeds = self.predictor.predict(hidden, self.codec_embed(code0), seqs)
-        frames = torch.cat([code0[:, None], residual], dim=1)  # [B, G]
-        summed = torch.cat([self.codec_embed(code0)[:, None], residual_embeds], dim=1).sum(1)  # [B, Ht]
-        inputs = summed + self._trailing(seqs)
-        starts = [self.cache.lengths[s.slot] for s in seqs]
-        h, _ = self.stack.forward(inputs[:, None], self.cache, [s.slot for s in seqs], starts)
+        n = len(seqs)
+        rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
+        code0 = to_device([s.code0 for s in seqs] + [0] * (rows - n), self.device)
+        hidden = pad_rows(torch.stack([s.hidden for s in seqs]), rows)  # [R, Ht]
+        code0_embed = self.codec_embed(code0)
+        uniforms, greedy = self._residual_draws(seqs, rows)
+        residual, residual_embeds = self.predictor.predict(hidden, code0_embed, uniforms, greedy)
+        frames = torch.cat([code0[:n, None], residual[:n]], dim=1)  # [B, G]
+        summed = torch.cat([code0_embed[:, None], residual_embeds], dim=1).sum(1)  # [R, Ht]
+        inputs = summed + pad_rows(self._trailing(seqs), rows)
+        h, _ = self.decode_step(inputs[:, None], [s.slot for s in seqs])
         outs: list[Any] = []
         frames_np = frames.cpu().numpy()
         for b, s in enumerate(seqs):
             s.step += 1
             s.frames += 1
             outs.append(CodecChunk(s.request.request_id, frames_np[b][:, None], False, first=s.frames == 1))
-        self._last_batch = len(seqs)
-        return outs + self._sample(seqs, h[:, -1])
+        self._last_batch = n
+        return outs + self._sample(seqs, h)
+
+    def _residual_draws(self, seqs: list[_Seq], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniforms [R, G-1] for the code predictor's sampled codes, and which rows are greedy [R].
+
+        As in transformers' generate(), the residual codes are sampled (top-k 50, top-p 0.8) when the
+        talker samples and greedy when it does not. Each request draws from its own generator.
+        """
+        greedy = [s.request.talker.temperature <= 0 for s in seqs] + [True] * (rows - len(seqs))
+        groups = self.spec.num_code_groups - 1
+        uniforms = torch.zeros(rows, groups)
+        for b, s in enumerate(seqs):
+            if not greedy[b]:
+                if s.residual_rng is None:
+                    s.residual_rng = torch.Generator()
+                    if s.request.talker.seed is None:
+                        s.residual_rng.seed()
+                    else:
+                        s.residual_rng.manual_seed(s.request.talker.seed + 1)
+                uniforms[b] = torch.rand(groups, generator=s.residual_rng)
+        return to_device(uniforms, self.device, torch.float32), to_device(greedy, self.device, torch.bool)
+
+    @torch.inference_mode()
+    def _capture_graphs(self) -> None:
+        """Capture the decode and code-predictor graphs of every batch bucket before serving."""
+        ht = self.tts_pad.shape[-1]
+        self.decode_step.capture_all(ht, self.dtype)
+        began = time.perf_counter()
+        groups = self.spec.num_code_groups - 1
+        for rows in self.decode_step.batch_sizes:
+            zeros = torch.zeros(rows, ht, dtype=self.dtype, device=self.device)
+            uniforms = torch.zeros(rows, groups, device=self.device)
+            self.predictor.predict(
+                zeros, zeros, uniforms, torch.ones(rows, dtype=torch.bool, device=self.device)
+            )
+        log.info(
+            "code predictor: %d CUDA graphs captured in %.1f s",
+            len(self.predictor.run.captured),
+            time.perf_counter() - began,
+        )
 
     def _trailing(self, seqs: list[_Seq]) -> torch.Tensor:
         """[B, Ht]: each row's next trailing text embedding (projected text, then tts_eos, then tts_pad)."""

@@ -13,6 +13,7 @@ import torch
 from omnivoice.config import ThinkerStage
 from omnivoice.engine.chunks import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
 from omnivoice.engine.types import GenerationRequest, StageStats
+from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
 from omnivoice.runners.sampling import RequestSampler, sample_rows
@@ -71,12 +72,24 @@ class ThinkerRunner:
         # one slot per running request, plus one per cached conversation prefix
         slots = cfg.max_batch + cfg.prefix_cache_entries
         self.cache = self.stack.make_cache(slots, cfg.max_seq_len, thinker.dtype, device)
+        self.decode_step = DecodeStep(
+            self.stack,
+            self.cache,
+            cfg.max_batch,
+            device,
+            cfg.execution == "cuda_graph",
+            "thinker",
+            keep=(spec.accept_hidden_layer,),
+        )
         self.prefix = PrefixCache(cfg.prefix_cache_entries, self.cache.release)
         self.waiting: deque[GenerationRequest] = deque()
         self.running: dict[str, _Seq] = {}
         self._steps = 0
         self._last_batch = 0
         self._cached_tokens = 0
+        if cfg.execution == "cuda_graph":
+            with torch.inference_mode():
+                self.decode_step.capture_all(text_model.config.hidden_size, thinker.dtype)
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
@@ -116,6 +129,8 @@ class ThinkerRunner:
             self._last_batch,
             self._steps,
             cached_tokens=self._cached_tokens,
+            prefixes=len(self.prefix),
+            kv_slots_used=len(self.cache.lengths) - self.cache.free_slots,
         )
 
     @torch.inference_mode()
@@ -231,17 +246,17 @@ class ThinkerRunner:
             self.cache.release(seq.slot)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:
-        tokens = to_device([s.last_token for s in seqs], self.device)[:, None]  # [B, 1]
-        slots = [s.slot for s in seqs]
-        starts = [self.cache.lengths[s.slot] for s in seqs]
-        embeds = self.embed(tokens)  # [B, 1, H]
+        n = len(seqs)
+        rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
+        tokens = to_device([s.last_token for s in seqs] + [0] * (rows - n), self.device)[:, None]  # [R, 1]
+        embeds = self.embed(tokens)  # [R, 1, H]
         accept = self.spec.accept_hidden_layer
-        h, kept = self.stack.forward(embeds, self.cache, slots, starts, keep=(accept,))
+        h, kept = self.decode_step(embeds, [s.slot for s in seqs])
         for b, s in enumerate(seqs):
             if s.request.cache_key:
                 s.embeds.append(embeds[b])
-                s.hidden.append(kept[accept][b])
-        logits = self.model.lm_head(h[:, -1])  # [B, V]
+                s.hidden.append(kept[accept][b : b + 1])
+        logits = self.model.lm_head(h)  # [B, V]
         self._last_batch = len(seqs)
         return self._emit(seqs, logits)
 

@@ -13,9 +13,12 @@ from collections.abc import Sequence
 import torch
 
 
-def to_device(values: Sequence, device: torch.device | str, dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """`values` as a 1-D tensor of `dtype` on `device`, copied without a stream sync on CUDA."""
-    host = torch.tensor(values, dtype=dtype)
+def to_device(
+    values: Sequence | torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """`values` (a list or a CPU tensor) as a tensor of `dtype` on `device`, copied without a stream
+    sync on CUDA."""
+    host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     device = torch.device(device)
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)

@@ -1,0 +1,103 @@
+"""Fixed-shape decode steps, run eagerly or replayed from CUDA graphs.
+
+A decode step launches hundreds of small kernels (the code predictor's 15 sequential steps, 20 to 48
+MoE layers); launched one by one from Python they cost far more than the GPU needs to run them. So
+the steps are written with device tensors and fixed shapes only (no host sync, no Python per row):
+a batch is padded up to a batch-size bucket and attention reads a KV-length bucket, and on a GPU with
+`execution: cuda_graph` each (bucket, shape) is captured once and then replayed with one launch.
+Eager execution on the GPU pads to the same buckets, so graphed and eager runs compute the same
+kernels on the same shapes and give identical results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+StepFn = Callable[..., tuple[torch.Tensor, ...]]
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Batch sizes steps are padded to: 1, 2, 4, 8, then every multiple of 8, then max_batch."""
+    sizes = {n for n in (1, 2, 4, 8) if n < max_batch}
+    sizes |= set(range(8, max_batch, 8)) | {max_batch}
+    return tuple(sorted(sizes))
+
+
+def kv_buckets(max_len: int, smallest: int = 128) -> tuple[int, ...]:
+    """KV lengths attention is padded to: powers of two from `smallest`, then max_len."""
+    sizes = {max_len}
+    n = smallest
+    while n < max_len:
+        sizes.add(n)
+        n *= 2
+    return tuple(sorted(sizes))
+
+
+def bucket(n: int, sizes: tuple[int, ...]) -> int:
+    """The smallest of `sizes` that holds n."""
+    for size in sizes:
+        if size >= n:
+            return size
+    raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: dict[str, torch.Tensor]
+    outputs: tuple[torch.Tensor, ...]
+
+
+class StepGraphs:
+    """Runs `fn(**tensors, **static)`; with `enabled`, each distinct `key` is captured once as a CUDA graph.
+
+    `key` must determine every input shape and every value in `static` (Python scalars baked into
+    the graph, such as a KV-length bucket). Outputs are returned as fresh tensors.
+    """
+
+    def __init__(self, fn: StepFn, name: str, enabled: bool) -> None:
+        self.fn = fn
+        self.name = name
+        self.enabled = enabled
+        self.pool = torch.cuda.graph_pool_handle() if enabled else None
+        self.captured: dict[Hashable, _Captured] = {}
+        self.capture_s = 0.0
+
+    def __call__(
+        self, key: Hashable, inputs: dict[str, torch.Tensor], **static: int
+    ) -> tuple[torch.Tensor, ...]:
+        if not self.enabled:
+            return self.fn(**inputs, **static)
+        entry = self.captured.get(key)
+        if entry is None:
+            entry = self._capture(key, inputs, static)
+        for name, value in inputs.items():
+            entry.inputs[name].copy_(value, non_blocking=True)
+        entry.graph.replay()
+        return tuple(out.clone() for out in entry.outputs)
+
+    def _capture(self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]) -> _Captured:
+        began = time.perf_counter()
+        buffers = {name: value.clone() for name, value in inputs.items()}
+        side = torch.cuda.Stream(next(iter(buffers.values())).device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up runs (library handles, autotuning) must not be captured
+            for _ in range(2):
+                self.fn(**buffers, **static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = self.fn(**buffers, **static)
+        entry = _Captured(graph, buffers, tuple(outputs))
+        self.captured[key] = entry
+        took = time.perf_counter() - began
+        self.capture_s += took
+        log.debug("%s: captured CUDA graph %s in %.0f ms", self.name, key, took * 1e3)
+        return entry
