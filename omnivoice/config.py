@@ -45,6 +45,12 @@ class StageConfig(_Strict):
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_batch: int = Field(8, ge=1)
+    max_queue: int = Field(
+        32,
+        ge=0,
+        description="requests that may wait beyond max_batch for one replica of this stage; a new request "
+        "that would exceed max_batch + max_queue on its replica is refused at once (EngineOverloaded: 503)",
+    )
     # CUDA-graphed decode is planned (GPU runtime); only eager execution exists today
     execution: Literal["eager"] = "eager"
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
@@ -132,21 +138,54 @@ class ModelConfig(_Strict):
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
-    max_concurrent_requests: int = Field(64, ge=1)
-    max_body_bytes: int = Field(25 * 1024 * 1024, ge=1024)
-    max_audio_seconds: float = Field(120.0, gt=0)
+    max_concurrent_requests: int = Field(
+        64,
+        ge=1,
+        description="chat requests and realtime responses in flight at once; more are refused at once "
+        "(503 with Retry-After; a realtime response.create gets an error event), never queued",
+    )
+    max_body_bytes: int = Field(
+        25 * 1024 * 1024, ge=1024, description="request bodies larger than this get 413 (chunked ones too)"
+    )
+    max_audio_seconds: float = Field(120.0, gt=0, description="longest input audio per content part")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    send_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a client that takes no data for this long is dropped (SSE streams, realtime and "
+        "Twilio WebSockets, WebRTC data channels) and its engine request aborted",
+    )
+    drain_timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM/SIGINT: how long in-flight responses may finish (nothing new is admitted) "
+        "before the rest are cancelled with a notice and the server exits",
+    )
 
 
 class RealtimeConfig(_Strict):
     """`/v1/realtime` sessions: limits and output pacing."""
 
-    max_sessions: int = Field(32, ge=1, description="open WebSocket sessions at once")
+    max_sessions: int = Field(
+        32, ge=1, description="realtime sessions open at once: WebSockets, WebRTC calls and phone calls"
+    )
     max_buffer_seconds: float = Field(60.0, gt=0, description="input audio buffer per session")
     idle_timeout_s: float = Field(600.0, gt=0, description="close a session this long without events")
     max_audio_ahead_ms: int = Field(1000, ge=0, description="audio sent ahead of real-time playback")
     webrtc_connect_timeout_s: float = Field(
         15.0, gt=0, description="close a WebRTC call not connected (ICE + DTLS) this long after the answer"
+    )
+    max_event_bytes: int = Field(
+        15 * 1024 * 1024,
+        ge=1024,
+        description="largest client event; a larger one gets an error event (event_too_large) and the "
+        "session goes on; a WebSocket frame over twice this is refused by the protocol layer (close 1009)",
+    )
+    max_outbox_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=64 * 1024,
+        description="server events (mostly audio) queued for a client that does not read them; over it "
+        "the client is dropped (close 1008) and its response aborted",
     )
 
 

@@ -30,6 +30,7 @@ from omnivoice.engine.types import (
     AudioChunk,
     ChatMessage,
     EngineOutput,
+    EngineOverloaded,
     EngineStats,
     Finished,
     GenerationRequest,
@@ -68,6 +69,9 @@ class Engine:
         self._lock = threading.Lock()
         self._reset_routing()
         self._closed = False
+        # requests one replica of each stage may hold (running + waiting); more are refused at once
+        stages = [profile.stages.stage(s) for s in STAGES]
+        self._capacity = tuple(s.max_batch + s.max_queue for s in stages)
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         voices = tuple(sorted(spec.speaker_ids))
         default_voice = profile.model.default_voice if profile.model.default_voice in voices else voices[0]
@@ -130,6 +134,9 @@ class Engine:
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"duplicate request id {rid}")
+            why = self._overload(request)
+            if why is not None:
+                raise EngineOverloaded(why)
             request = replace(request, route=self._router.assign(request))
             state = RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
             self._requests[rid] = state
@@ -144,6 +151,22 @@ class Engine:
             if not state.done:
                 log.info("request %s left early; aborting it in every stage", rid)
                 self._abort(rid)
+
+    def overloaded(self, request: GenerationRequest) -> str | None:
+        """Why `generate` would refuse `request` now (EngineOverloaded), or None. A server checks
+        first so that it can answer 503 before it starts streaming."""
+        with self._lock:
+            return self._overload(request)
+
+    def _overload(self, request: GenerationRequest) -> str | None:
+        stage = self._router.full_stage(request, self._capacity)  # the caller holds the lock
+        if stage is None:
+            return None
+        cfg = self.profile.stages.stage(STAGES[stage])
+        return (
+            f"the server is at capacity: the {STAGES[stage]} stage holds {cfg.max_batch} running + "
+            f"{cfg.max_queue} waiting requests (per replica); retry shortly"
+        )
 
     async def abort(self, request_id: str) -> None:
         self._abort(request_id)

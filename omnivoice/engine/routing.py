@@ -33,6 +33,19 @@ class ReplicaRouter:
         self._count(route, request.want_audio, +1)
         return route
 
+    def full_stage(self, request: GenerationRequest, capacity: tuple[int, int, int]) -> int | None:
+        """The first stage (0 thinker, 1 talker, 2 code2wav) whose replica `assign` would pick for
+        `request` already holds `capacity[stage]` requests; None if it fits everywhere."""
+        key = request.cache_key
+        thinker = self._affinity.get(key, -1) if key else -1
+        picks = [thinker if thinker >= 0 else _least(self._load[0])]
+        if request.want_audio:
+            picks += [_least(self._load[1]), _least(self._load[2])]
+        for stage, replica in enumerate(picks):
+            if self._load[stage][replica] >= capacity[stage]:
+                return stage
+        return None
+
     def release(self, request: GenerationRequest) -> None:
         self._count(request.route, request.want_audio, -1)
 

@@ -103,6 +103,11 @@ class Finished:
 EngineOutput = TextDelta | AudioChunk | Finished
 
 
+class EngineOverloaded(Exception):
+    """`Engine.generate` refused a request at once: a stage replica already holds `max_batch +
+    max_queue` requests. Nothing was started; the caller should answer "retry later" (503)."""
+
+
 @dataclass(frozen=True)
 class StageStats:
     name: str
