@@ -11,15 +11,21 @@ import pytest
 
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
-from omnivoice.engine.types import ChatMessage, EngineOverloaded, Finished, GenerationRequest, Sampling, TextPart
+from omnivoice.engine.types import (
+    ChatMessage,
+    EngineOverloaded,
+    Finished,
+    GenerationRequest,
+    Sampling,
+    TextPart,
+)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint: Path):
     stage = {"worker": "thread", "max_seq_len": 512, "max_batch": 1, "max_queue": 1}
-    profile = parse_profile(
-        {"model": {"path": str(tiny_checkpoint)}, "stages": {"thinker": stage, "talker": stage, "code2wav": stage}}
-    )
+    stages = {"thinker": stage, "talker": stage, "code2wav": stage}
+    profile = parse_profile({"model": {"path": str(tiny_checkpoint)}, "stages": stages})
     engine = Engine.start_sync(profile)
     yield engine
     asyncio.run(engine.close())
