@@ -1,8 +1,9 @@
 """`omnivoice` command line: argument parsing and wiring only.
 
-omnivoice serve [--profile PATH] [--host H] [--port P] [--log-level L]
+omnivoice serve [--profile PATH] [--host H] [--port P] [--log-level L] [--insecure-no-auth]
 omnivoice bench ...                 (load benchmark; options from omnivoice.bench.cli)
 omnivoice bench engine ...          (in-process engine benchmark; options from omnivoice.bench.engine_cli)
+omnivoice bench parity ...          (CUDA-graphed vs eager: identical greedy outputs)
 omnivoice bench realtime ...        (spoken /v1/realtime sessions; options from omnivoice.bench.realtime_cli)
 omnivoice profile check PATH
 """
@@ -36,8 +37,13 @@ def build_parser(with_bench: bool = False, with_realtime: bool = False) -> argpa
     serve = sub.add_parser(
         "serve",
         help="run the HTTP server (OpenAI-compatible /v1/chat/completions with streamed audio)",
-        description="Load the model and serve /v1/chat/completions, /v1/models, /health and /metrics. "
-        "Settings come from the profile; --host/--port/--log-level override it.",
+        description="Load the model and serve /v1/chat/completions, /v1/realtime (WebSocket, WebRTC), "
+        "telephony, /v1/models, /health and /metrics. Settings come from the profile; "
+        "--host/--port/--log-level override it. Authentication: every API route needs "
+        "'Authorization: Bearer <key>' with a key from the OMNIVOICE_API_KEY environment variable "
+        "(comma-separated for several) or the profile's auth.api_key_file. With no key configured the "
+        "server is open and listens on loopback only: a non-loopback --host is refused unless "
+        "--insecure-no-auth is given.",
     )
     serve.add_argument(
         "--profile", metavar="PATH", help="deploy profile YAML (default: built-in CPU profile)"
@@ -47,6 +53,12 @@ def build_parser(with_bench: bool = False, with_realtime: bool = False) -> argpa
         "--port", type=int, help="TCP port, 0 for any free one (default: the profile's server.port)"
     )
     serve.add_argument("--log-level", choices=LOG_LEVELS, help="default: the profile's server.log_level")
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="with no API key configured, serve a non-loopback --host anyway (anyone who reaches it can "
+        "use it; same as auth.allow_unauthenticated_remote)",
+    )
     serve.set_defaults(func=_serve)
 
     bench = sub.add_parser(
@@ -119,9 +131,16 @@ def _serve(args: argparse.Namespace) -> int:
     level = args.log_level or profile.server.log_level
     configure_logging(level)
     from omnivoice.server.app import run_server  # the server stack, imported only for `serve`
+    from omnivoice.server.auth.keys import ApiKeys, KeyConfigError, UnsafeBind
 
     try:
-        return asyncio.run(run_server(profile, host, port, level))
+        keys = ApiKeys.load(profile.auth)
+        return asyncio.run(
+            run_server(profile, host, port, level, api_keys=keys, insecure_no_auth=args.insecure_no_auth)
+        )
+    except (KeyConfigError, UnsafeBind) as e:
+        print(f"omnivoice serve: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
 

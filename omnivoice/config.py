@@ -7,6 +7,7 @@ The pipeline topology (thinker -> talker -> code2wav) lives in code, not here.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -201,6 +202,46 @@ class TelephonyConfig(_Strict):
     max_audio_ahead_ms: int = Field(200, ge=20, description="audio sent ahead of playback at the carrier")
 
 
+class RateLimitConfig(_Strict):
+    """Per API key (a client secret counts against the key that minted it); null: no limit."""
+
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="HTTP requests and realtime connections per minute (a token bucket)"
+    )
+    burst: int | None = Field(
+        None, ge=1, description="bucket size: requests at once (null: requests_per_minute)"
+    )
+    max_sessions: int | None = Field(
+        None, ge=1, description="realtime sessions open at once (WebSocket, WebRTC and phone calls)"
+    )
+
+
+class AuthConfig(_Strict):
+    """API keys, client secrets, browser origins and per-key limits (omnivoice/server/auth).
+
+    The keys come from the OMNIVOICE_API_KEY environment variable (comma-separated) and/or
+    `api_key_file`; never from the profile itself, so profiles can be committed."""
+
+    api_key_file: str | None = Field(None, description="file of API keys, one per line (# comments)")
+    public_metrics: bool = Field(False, description="serve /metrics without a key (for a Prometheus scrape)")
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins (scheme://host[:port]) allowed besides the server's own; '*' for any",
+    )
+    allow_unauthenticated_remote: bool = Field(
+        False, description="with no key configured, still bind a non-loopback host (anyone can use it)"
+    )
+    rate_limit: RateLimitConfig = RateLimitConfig()
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _check_origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path) or '*'")
+        return [o.lower() for o in origins]
+
+
 class RayConfig(_Strict):
     """The Ray cluster that `worker: ray` stages run on (only read when a stage has `worker: ray`)."""
 
@@ -219,6 +260,7 @@ class Profile(_Strict):
     telephony: TelephonyConfig = TelephonyConfig()
     stages: StagesConfig = StagesConfig()
     ray: RayConfig = RayConfig()
+    auth: AuthConfig = AuthConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Profile:

@@ -23,6 +23,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnivoice.config import Profile
 from omnivoice.server import routes
+from omnivoice.server.auth.guard import Auth
+from omnivoice.server.auth.keys import ENV_VAR, ApiKeys, check_bind, is_loopback
+from omnivoice.server.auth.middleware import AuthMiddleware
+from omnivoice.server.auth.redact import redact_logs
 from omnivoice.server.chat import chat_completions
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
@@ -43,17 +47,22 @@ _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 _QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes: logged at debug level
 
 
-def create_app(profile: Profile, engine_factory: EngineFactory = start_default_engine) -> Starlette:
+def create_app(
+    profile: Profile, engine_factory: EngineFactory = start_default_engine, *, api_keys: ApiKeys | None = None
+) -> Starlette:
     """Build the app. The engine is started by the lifespan (in the background) and closed at shutdown.
 
     `engine_factory(profile)` must return an object with the `Engine` interface; the default is
-    `omnivoice.engine.engine.Engine.start`, imported only when the app starts.
+    `omnivoice.engine.engine.Engine.start`, imported only when the app starts. `api_keys` default to
+    `ApiKeys.load(profile.auth)` ($OMNIVOICE_API_KEY and auth.api_key_file; KeyConfigError if unreadable).
     """
+    keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
     lifecycle = EngineLifecycle(profile, engine_factory)
     admission = Admission(profile.server.max_concurrent_requests)
     realtime = RealtimeService(profile.realtime)
     timeout = profile.realtime.webrtc_connect_timeout_s
     calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=timeout)
+    auth = Auth(profile.auth, keys, realtime.secrets)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -81,7 +90,7 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
             Route("/v1/realtime/calls/{call_id}/hangup", signalling.hang_up, methods=["POST"]),
             *page_routes(),
         ],
-        middleware=[Middleware(RequestContextMiddleware)],
+        middleware=[Middleware(RequestContextMiddleware), Middleware(AuthMiddleware, auth=auth)],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         lifespan=lifespan,
     )
@@ -91,6 +100,7 @@ def create_app(profile: Profile, engine_factory: EngineFactory = start_default_e
     app.state.admission = admission
     app.state.realtime = realtime
     app.state.webrtc = calls
+    app.state.auth = auth
     app.state.metrics = Metrics(in_flight=lambda: admission.in_flight, engine_stats=lifecycle.stats)
     return app
 
@@ -101,12 +111,21 @@ async def run_server(
     port: int,
     log_level: str,
     engine_factory: EngineFactory = start_default_engine,
+    *,
+    api_keys: ApiKeys | None = None,
+    insecure_no_auth: bool = False,
 ) -> int:
     """Serve until shut down (SIGINT/SIGTERM); 1 if the engine failed to start, else 0.
 
     Logs "omnivoice serving <model> on http://host:port" once the engine is up and the port bound.
+    Without API keys (`api_keys`, default $OMNIVOICE_API_KEY and auth.api_key_file) it refuses a
+    non-loopback `host` with UnsafeBind unless `insecure_no_auth` or auth.allow_unauthenticated_remote.
     """
-    app = create_app(profile, engine_factory)
+    keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
+    check_bind(host, keys, profile.auth, insecure_no_auth)
+    redact_logs(keys.secrets())
+    _log_auth(keys, host)
+    app = create_app(profile, engine_factory, api_keys=keys)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=10,
@@ -128,6 +147,15 @@ async def run_server(
     await serving
     settled.cancel()
     return 0 if ok else 1
+
+
+def _log_auth(keys: ApiKeys, host: str) -> None:
+    if keys:
+        log.info("API-key auth on: %d key(s)", len(keys))
+    elif is_loopback(host):
+        log.warning("no API key configured: listening on loopback only (set %s to serve others)", ENV_VAR)
+    else:
+        log.warning("no API key configured and listening on %s: anyone who reaches it can use it", host)
 
 
 class RequestContextMiddleware:

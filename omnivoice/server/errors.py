@@ -73,6 +73,14 @@ def too_many_requests(limit: int) -> APIError:
     )
 
 
+def rate_limited(message: str, retry_after_s: int) -> APIError:
+    """Over a per-key limit (auth.rate_limit): 429 with the seconds to wait."""
+    return APIError(
+        429, message, type="rate_limit_error", code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after_s)},
+    )  # fmt: skip
+
+
 def internal_error(message: str = "internal server error") -> APIError:
     return APIError(500, message, type="server_error")
 

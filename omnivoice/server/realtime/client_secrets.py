@@ -5,7 +5,8 @@ OpenAI's shape: `{value, expires_at, session}`) and opens the realtime session w
 WebSocket (`Authorization: Bearer ek_...`, or the subprotocol `openai-insecure-api-key.ek_...`) or
 WebRTC (`POST /v1/realtime/calls` with the bearer header). The session settings given with the secret
 apply when the session opens. Secrets live in an app-owned store (`RealtimeService.secrets`) until
-they expire. API-key auth is not built yet: other tokens pass; an unknown or expired `ek_` is refused.
+they expire. Minting one needs an API key (when the server has keys); each secret is charged to the
+key that minted it (per-key limits). omnivoice/server/auth checks the tokens of every request.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnivoice.server.errors import APIError, bad_request, read_json_object
+from omnivoice.server.auth.keys import ANONYMOUS
+from omnivoice.server.auth.principal import principal_of
+from omnivoice.server.errors import bad_request, read_json_object
 from omnivoice.server.realtime import protocol as p
 from omnivoice.server.realtime.server_events import session_object
 from omnivoice.server.realtime.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
@@ -49,6 +52,7 @@ class ClientSecret:
     value: str
     expires_at: float  # unix time
     session: dict[str, Any]  # a `session.update` object, applied when a session opens with it
+    owner: str = ANONYMOUS  # id of the API key that minted it: its limits apply
 
 
 class ClientSecrets:
@@ -58,9 +62,9 @@ class ClientSecrets:
         self._clock = clock
         self._secrets: dict[str, ClientSecret] = {}
 
-    def issue(self, session: dict[str, Any], ttl_s: float) -> ClientSecret:
+    def issue(self, session: dict[str, Any], ttl_s: float, owner: str = ANONYMOUS) -> ClientSecret:
         self._purge()
-        secret = ClientSecret(PREFIX + secrets.token_urlsafe(24), self._clock() + ttl_s, session)
+        secret = ClientSecret(PREFIX + secrets.token_urlsafe(24), self._clock() + ttl_s, session, owner)
         self._secrets[secret.value] = secret
         return secret
 
@@ -92,17 +96,6 @@ def presented_token(headers: Mapping[str, str], subprotocols: Sequence[str] = ()
     return None
 
 
-def authorize(store: ClientSecrets, token: str | None) -> dict[str, Any] | None:
-    """The session settings of the client secret `token`; None for no token or an API key (not
-    checked: API-key auth is another issue). Raises a 401 APIError for a dead client secret."""
-    if token is None or not token.startswith(PREFIX):
-        return None
-    secret = store.get(token)
-    if secret is None:
-        raise APIError(401, "the client secret is invalid or has expired", code="invalid_api_key")
-    return secret.session
-
-
 async def create_client_secret(request: Request) -> Response:
     """`POST /v1/realtime/client_secrets {expires_after?: {anchor, seconds}, session?}` ->
     `{value: "ek_...", expires_at, session}`; the session settings are checked now, not at use."""
@@ -117,7 +110,7 @@ async def create_client_secret(request: Request) -> Response:
     info = state.lifecycle.require().info
     settings = _check_session(req.session or {}, info.voices, info.default_voice)
     ttl_s = req.expires_after.seconds if req.expires_after else DEFAULT_TTL_S
-    secret = state.realtime.secrets.issue(req.session or {}, ttl_s)
+    secret = state.realtime.secrets.issue(req.session or {}, ttl_s, owner=principal_of(request).owner)
     session = session_object(settings, "", info.served_name, beta=False)
     del session["id"]  # a session id is made for each session opened with the secret
     session["expires_at"] = int(secret.expires_at)

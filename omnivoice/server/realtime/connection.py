@@ -13,10 +13,11 @@ import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from omnivoice.server.auth.limits import RateLimited, SessionLease
+from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import APIError
-from omnivoice.server.realtime.client_secrets import authorize, presented_token
 from omnivoice.server.realtime.conversation import new_id
-from omnivoice.server.realtime.outbox import Outbox
+from omnivoice.server.realtime.outbox import Event, Outbox
 from omnivoice.server.realtime.server_events import error
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
 from omnivoice.server.realtime.session import Session
@@ -30,29 +31,27 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     state = websocket.app.state
     service: RealtimeService = state.realtime
     offered = websocket.scope.get("subprotocols") or []
-    try:
-        preset = authorize(service.secrets, presented_token(websocket.headers, offered))
-    except APIError as e:
-        log.info("realtime connection refused: %s", e.message)
-        await _deny(websocket, e)
-        return
+    principal = principal_of(websocket)  # authenticated by the auth middleware before this
+    preset = principal.secret.session if principal.secret else None
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     sid = new_id("sess")
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
     outbox = Outbox(websocket.send_text, sid, beta)
     writer = asyncio.create_task(outbox.run(), name=f"realtime-writer-{sid}")
     session: Session | None = None
+    lease: SessionLease | None = None
     reserved = False
     code = 1000
     try:
         try:
             engine = state.lifecycle.require()
+            state.auth.limits.take(principal.owner)
+            lease = state.auth.limits.claim_session(principal.owner)
             service.reserve()
             reserved = True
-        except (APIError, SessionLimitReached) as e:
-            kind = "session_limit_reached" if isinstance(e, SessionLimitReached) else "service_unavailable"
-            log.info("session %s refused: %s", sid, e)
-            outbox.put(error(str(getattr(e, "message", e)), kind, type_="server_error"))
+        except (APIError, SessionLimitReached, RateLimited) as e:
+            log.info("session %s refused: %s", sid, getattr(e, "message", e))
+            outbox.put(_refusal(e))
             code = CLOSE_TRY_AGAIN
             return
         session = Session(
@@ -62,10 +61,11 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             session.apply_settings(preset)  # the client secret's settings; checked when it was issued
         service.sessions[sid] = session
         log.info(
-            "session %s opened (model=%s, %s protocol)",
+            "session %s opened (model=%s, %s protocol, %s)",
             sid,
             websocket.query_params.get("model"),
             "beta" if beta else "GA",
+            principal.owner,
         )
         session.start()
         await _read_loop(websocket, session, service.config.idle_timeout_s)
@@ -79,6 +79,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             await session.close()  # aborts the in-flight response in every stage
         if reserved:
             service.release(sid)
+        if lease is not None:
+            lease.release()
         await _close(websocket, outbox, writer, code)
         log.info("session %s closed", sid)
 
@@ -106,12 +108,12 @@ async def _read_loop(websocket: WebSocket, session: Session, idle_timeout_s: flo
         await session.handle(data)
 
 
-async def _deny(websocket: WebSocket, e: APIError) -> None:
-    """Refuse the handshake with an HTTP error (401 for a dead client secret), or close 1008."""
-    if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(e.response())
-    else:
-        await websocket.close(1008, e.message)
+def _refusal(e: Exception) -> Event:
+    """The `error` event that says why a session cannot open (then the socket closes 1013)."""
+    if isinstance(e, RateLimited):
+        return error(e.message, "rate_limit_exceeded", type_="rate_limit_error")
+    kind = "session_limit_reached" if isinstance(e, SessionLimitReached) else "service_unavailable"
+    return error(str(getattr(e, "message", e)), kind, type_="server_error")
 
 
 async def _close(websocket: WebSocket, outbox: Outbox, writer: asyncio.Task[None], code: int) -> None:

@@ -1,6 +1,7 @@
 """`WebSocket /v1/telephony/twilio`: one Twilio Media Stream, one call, one realtime session.
 
-Calls share the realtime sessions' limit and VAD. Everything a call holds (its session slot, the
+Calls share the realtime sessions' limit and VAD; with API keys, a stream must bring the token of its
+TwiML (stream_auth) and counts against that key's limits. Everything a call holds (its session slot, the
 in-flight response in every engine stage, the writer task) is released in `finally`, however the
 call ends: `stop`, a disconnect, an idle socket (Twilio streams media all call long) or an error,
 logged with the call's streamSid.
@@ -14,12 +15,15 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.errors import APIError
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
+from omnivoice.server.telephony.stream_auth import stream_owner
 from omnivoice.server.telephony.twilio_call import TwilioCall
 
 log = logging.getLogger(__name__)
 
+CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
 
 
@@ -27,10 +31,20 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
     state = websocket.app.state
     service: RealtimeService = state.realtime
     await websocket.accept()
+    owner, early = await stream_owner(websocket, state.auth)
+    if owner is None:
+        with contextlib.suppress(Exception):  # the carrier may be gone already
+            await websocket.close(CLOSE_POLICY)
+        return
+    lease: SessionLease | None = None
     try:
         engine = state.lifecycle.require()
+        state.auth.limits.take(owner)
+        lease = state.auth.limits.claim_session(owner)
         service.reserve()
-    except (APIError, SessionLimitReached) as e:
+    except (APIError, SessionLimitReached, RateLimited) as e:
+        if lease is not None:
+            lease.release()
         log.warning("telephony call refused: %s", getattr(e, "message", e))
         await websocket.close(CLOSE_TRY_AGAIN)
         return
@@ -38,6 +52,9 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
     writer = asyncio.create_task(call.outbox.run(), name=f"twilio-writer-{call.id}")
     code = 1000
     try:
+        for frame in early:  # `connected` and `start`, read to authenticate the stream
+            if not await call.handle(frame):
+                return
         await _read_loop(websocket, call, writer, service.config.idle_timeout_s)
     except WebSocketDisconnect:
         pass
@@ -47,6 +64,7 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
     finally:
         await call.close()  # aborts the in-flight response in every stage
         service.release(call.id)
+        lease.release()
         await _hang_up(websocket, call, writer, code)
 
 

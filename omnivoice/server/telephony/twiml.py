@@ -4,6 +4,11 @@ Point a Twilio number's voice webhook at `https://HOST/v1/telephony/twilio/twiml
 instructions=...`: the answer is `<Connect><Stream url="wss://HOST/v1/telephony/twilio">` with every
 query parameter passed on as a `<Parameter>` (the stream's `customParameters`). The stream's host is
 `telephony.public_url` when the profile sets it, else the Host the webhook request was sent to.
+
+When the server has API keys, the webhook needs one (Twilio sends the password of a
+`https://twilio:KEY@HOST/...` webhook URL as HTTP Basic auth), and the TwiML adds a one-use stream
+token as the `<Parameter>` `omnivoice_token`, which the stream's `start` must bring back
+(omnivoice/server/auth/stream_tokens.py); Twilio cannot send our key on the stream's WebSocket.
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from xml.etree import ElementTree as ET
 
 from starlette.requests import Request
 from starlette.responses import Response
+
+from omnivoice.server.auth.principal import principal_of
+from omnivoice.server.auth.stream_tokens import PARAMETER
 
 STREAM_PATH = "/v1/telephony/twilio"
 _XML_DECLARATION = '<?xml version="1.0" encoding="UTF-8"?>\n'
@@ -37,5 +45,10 @@ def twiml_document(url: str, parameters: Mapping[str, str]) -> str:
 
 
 async def twilio_twiml(request: Request) -> Response:
-    url = stream_url(request, request.app.state.profile.telephony.public_url)
-    return Response(twiml_document(url, request.query_params), media_type="text/xml")
+    state = request.app.state
+    url = stream_url(request, state.profile.telephony.public_url)
+    parameters = {k: v for k, v in request.query_params.items() if k != PARAMETER}
+    if state.auth.keys:
+        parameters[PARAMETER] = state.auth.stream_tokens.issue(principal_of(request).owner)
+    headers = {"Cache-Control": "no-store"}  # the token is for one stream
+    return Response(twiml_document(url, parameters), media_type="text/xml", headers=headers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from omnivoice.server.realtime.conversation import new_id
@@ -30,8 +31,15 @@ class Calls:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    async def open(self, engine: Any, offer_sdp: str, settings: dict[str, Any] | None) -> tuple[Call, str]:
-        """Start a call from the client's offer; returns it with the SDP answer.
+    async def open(
+        self,
+        engine: Any,
+        offer_sdp: str,
+        settings: dict[str, Any] | None,
+        on_close: Callable[[], None] = lambda: None,
+    ) -> tuple[Call, str]:
+        """Start a call from the client's offer; returns it with the SDP answer. `on_close` runs once
+        the call is over (or failed to open), e.g. to release its count against an API key.
 
         Raises SessionLimitReached at the session limit, ValueError for an offer aiortc rejects,
         ProtocolError for bad session `settings` (from a client secret)."""
@@ -52,16 +60,17 @@ class Calls:
             if call is not None:
                 await call.close()
             self._service.release(None)
+            on_close()
             raise
         self._service.sessions[sid] = session
         self.calls[call.id] = call
-        task = asyncio.create_task(self._serve(call), name=f"call-{call.id}")
+        task = asyncio.create_task(self._serve(call, on_close), name=f"call-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         log.info("%r opened", call)
         return call, answer
 
-    async def _serve(self, call: Call) -> None:
+    async def _serve(self, call: Call, on_close: Callable[[], None]) -> None:
         try:
             await call.run(self.connect_timeout_s)
         except Exception:
@@ -73,6 +82,7 @@ class Calls:
             finally:
                 self.calls.pop(call.id, None)
                 self._service.release(call.session.id)
+                on_close()
                 log.info("%r closed: %s", call, call.end_reason)
 
     def hang_up(self, call_id: str) -> bool:

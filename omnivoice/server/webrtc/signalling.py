@@ -2,20 +2,23 @@
 (`Content-Type: application/sdp`; aiortc-style JSON `{sdp, type: "offer"}` also works) and answers
 201 with the SDP answer and `Location: /v1/realtime/calls/{call_id}`. `POST
 /v1/realtime/calls/{call_id}/hangup` ends the call. A client secret (`Authorization: Bearer ek_...`)
-opens the session with the settings it was issued with.
+opens the session with the settings it was issued with; the call counts against the API key behind
+the request (auth.rate_limit.max_sessions) until it ends.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnivoice.server.errors import APIError, bad_request, not_found, payload_too_large
+from omnivoice.server.auth.limits import RateLimited, SessionLease
+from omnivoice.server.auth.principal import principal_of
+from omnivoice.server.errors import APIError, bad_request, not_found, payload_too_large, rate_limited
 from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.client_secrets import authorize, presented_token
 from omnivoice.server.realtime.service import SessionLimitReached
 from omnivoice.server.webrtc.calls import Calls
 
@@ -26,12 +29,27 @@ MAX_OFFER_BYTES = 64 * 1024
 
 async def create_call(request: Request) -> Response:
     state = request.app.state
-    settings = authorize(state.realtime.secrets, presented_token(request.headers))
+    principal = principal_of(request)  # authenticated by the auth middleware
+    settings = principal.secret.session if principal.secret else None
     offer = await _read_offer(request)
     engine = state.lifecycle.require()
     calls: Calls = state.webrtc
     try:
-        call, answer = await calls.open(engine, offer, settings)
+        lease = state.auth.limits.claim_session(principal.owner)
+    except RateLimited as e:
+        raise rate_limited(e.message, e.retry_after_s) from None
+    try:
+        call, answer = await _open(calls, engine, offer, settings, lease)
+    except BaseException:
+        lease.release()  # idempotent: open may have released it already
+        raise
+    location = f"/v1/realtime/calls/{call.id}"
+    return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
+
+
+async def _open(calls: Calls, engine: Any, offer: str, settings: Any, lease: SessionLease) -> tuple[Any, str]:
+    try:
+        return await calls.open(engine, offer, settings, on_close=lease.release)
     except SessionLimitReached as e:
         raise APIError(429, str(e), type="rate_limit_error", code="session_limit_reached") from None
     except p.ProtocolError as e:
@@ -41,8 +59,6 @@ async def create_call(request: Request) -> Response:
         raise bad_request(f"the SDP offer was rejected: {e}", param="sdp", code="invalid_offer") from None
     except RuntimeError as e:  # shutting down
         raise APIError(503, str(e), type="server_error", code="service_unavailable") from None
-    location = f"/v1/realtime/calls/{call.id}"
-    return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
 
 
 async def hang_up(request: Request) -> Response:

@@ -1,0 +1,89 @@
+"""The ASGI middleware that runs the auth policy (guard.Auth) before any route, HTTP or WebSocket:
+origin check (403), CORS preflight and headers for allowed other origins, the API key or client
+secret (401), and, for HTTP, the key's request rate (429). A WebSocket is refused before its
+handshake completes (an HTTP 401/403 answer); the realtime endpoints count its request and session
+against the key themselves, so that a client over a limit reads a Realtime `error` event."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from omnivoice.server.auth.guard import Auth
+from omnivoice.server.auth.limits import RateLimited
+from omnivoice.server.auth.origins import cors_headers, preflight_headers
+from omnivoice.server.errors import APIError, rate_limited
+
+log = logging.getLogger(__name__)
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp, auth: Auth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        websocket = scope["type"] == "websocket"
+        headers = Headers(scope=scope)
+        origin = headers.get("origin")
+        verdict = self.auth.origins.verdict(origin, headers.get("host"))
+        if verdict == "denied":
+            log.info("%s %s refused: origin not allowed", scope["type"], scope["path"])
+            err = APIError(403, "this origin is not allowed", code="origin_not_allowed")
+            await _refuse(scope, receive, send, err)
+            return
+        if verdict == "cross" and not websocket:
+            assert origin is not None
+            if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
+                extra = preflight_headers(origin, headers.get("access-control-request-headers", ""))
+                await Response(status_code=204, headers=dict(_str(extra)))(scope, receive, send)
+                return
+            send = _with_headers(send, cors_headers(origin))
+        try:
+            subprotocols = scope.get("subprotocols") or []
+            principal = self.auth.authenticate(scope["path"], headers, subprotocols, websocket)
+            if principal is not None and not websocket:
+                self.auth.limits.take(principal.owner)
+        except APIError as err:
+            log.info("%s %s refused: %s", scope["type"], scope["path"], err.message)
+            await _refuse(scope, receive, send, err)
+            return
+        except RateLimited as e:
+            log.info("%s %s refused: %s", scope["type"], scope["path"], e.message)
+            await _refuse(scope, receive, send, rate_limited(e.message, e.retry_after_s))
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, err: APIError) -> None:
+    if scope["type"] == "http":
+        await err.response()(scope, receive, send)
+        return
+    ws = WebSocket(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await ws.send_denial_response(err.response())  # the client reads the status and the JSON error
+    else:
+        await ws.close(1008, err.message)  # the server answers the handshake with 403
+
+
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+    async def sender(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            names = {name for name, _ in extra}
+            kept = [h for h in message.get("headers", []) if h[0].lower() not in names]
+            message = {**message, "headers": [*kept, *extra]}
+        await send(message)
+
+    return sender
+
+
+def _str(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]

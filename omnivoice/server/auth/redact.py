@@ -1,0 +1,39 @@
+"""Keys never reach the logs: a logging filter that masks the API keys and any client secret or
+stream token in a record's message, whatever logged it (uvicorn logs WebSocket paths with their
+query strings, where a confused client may have put a key)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+
+MASK = "***"
+_TOKENS = re.compile(r"\b(ek|tw)_[A-Za-z0-9_-]{8,}")  # client secrets, Twilio stream tokens
+
+
+class RedactSecrets(logging.Filter):
+    def __init__(self, keys: Iterable[str]) -> None:
+        super().__init__()
+        self._keys = sorted(set(keys), key=len, reverse=True)  # a key inside another: the longer first
+
+    def redact(self, text: str) -> str:
+        for key in self._keys:
+            text = text.replace(key, MASK)
+        return _TOKENS.sub(lambda m: f"{m.group(1)}_{MASK}", text)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = self.redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def redact_logs(keys: Iterable[str]) -> None:
+    """Mask secrets in everything the root logger's handlers write (replacing an earlier mask)."""
+    filt = RedactSecrets(keys)
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, RedactSecrets)]:
+            handler.removeFilter(old)
+        handler.addFilter(filt)
