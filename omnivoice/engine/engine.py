@@ -205,9 +205,11 @@ class Engine:
         """Per stage, summed over its replicas (last_batch_size: the largest)."""
         with self._lock:
             active = len(self._requests)
+            conversations = self._router.conversations
+            routed = sum(map(sum, self._router.load()))
         per = self.replica_stats()
         stages = tuple(StageStats.total(s, [x for x in per if x.name == s]) for s in STAGES)
-        return EngineStats(stages=stages, active_requests=active)
+        return EngineStats(stages, active, conversations=conversations, routed=routed)
 
     def replica_stats(self) -> tuple[StageStats, ...]:
         """Every stage worker's own figures."""

@@ -55,6 +55,11 @@ class ReplicaRouter:
     def forget(self, cache_key: str) -> None:
         self._affinity.pop(cache_key, None)
 
+    @property
+    def conversations(self) -> int:
+        """Conversations whose thinker replica is remembered."""
+        return len(self._affinity)
+
     def load(self) -> list[list[int]]:
         return [list(x) for x in self._load]
 

@@ -27,13 +27,19 @@ from omnivoice.engine.chunks import (
     TokenOutput,
 )
 from omnivoice.engine.connectors import Connector
+from omnivoice.engine.process_stats import process_stats
 from omnivoice.engine.types import StageStats
 
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.1
+IDLE_STATS_INTERVAL_S = 1.0  # an idle worker still reports (its process figures) this often
 STAGE_INDEX = {"thinker": 0, "talker": 1, "code2wav": 2}
 ABORTED_MEMORY = 4096
+# How long an aborted id is remembered. Messages for it still in flight were sent by the upstream
+# stage before it handled the same abort (one of its steps plus one queue hop: far less than this);
+# forgetting it afterwards lets the worker's tables drain back to empty when it goes idle.
+TOMBSTONE_TTL_S = 30.0
 
 
 class StageRunner(Protocol):
@@ -89,9 +95,9 @@ class StageWorker:
         self._last_stats = 0.0
         self._sent_stats: StageStats | None = None
         self._busy_s = 0.0
-        # Requests aborted here recently: messages already in flight for them (from the upstream
-        # stage, sent before it saw the abort) must not start them again.
-        self._aborted: OrderedDict[str, None] = OrderedDict()
+        # Requests aborted here recently (id -> when): messages already in flight for them (from the
+        # upstream stage, sent before it saw the abort) must not start them again.
+        self._aborted: OrderedDict[str, float] = OrderedDict()
 
     def run(self) -> None:
         name = self.runner.name
@@ -147,13 +153,20 @@ class StageWorker:
         self._route(outs)
 
     def _tombstone(self, rid: str) -> None:
-        self._aborted[rid] = None
+        self._aborted[rid] = time.monotonic()
+        self._aborted.move_to_end(rid)
         while len(self._aborted) > ABORTED_MEMORY:
+            self._aborted.popitem(last=False)
+
+    def _expire_tombstones(self) -> None:
+        oldest = time.monotonic() - TOMBSTONE_TTL_S
+        while self._aborted and next(iter(self._aborted.values())) < oldest:
             self._aborted.popitem(last=False)
 
     def _fail(self, ids: list[str], err: Exception) -> None:
         for rid in ids:
             self._tombstone(rid)
+            self._next.pop(rid, None)
             self.runner.abort(rid)
             self.engine.put(StageFinished(rid, self.runner.name, "error", error=f"{self.runner.name}: {err}"))
 
@@ -170,15 +183,29 @@ class StageWorker:
                 raise TypeError(f"{self.runner.name} produced an unroutable {type(out).__name__}")
 
     def _publish_stats(self) -> None:
-        # Periodically while busy; at once when something changed and the stage went idle, so
-        # readers never see finished requests as still running.
+        # Periodically while busy (and, slower, while idle); at once when something changed and the
+        # stage went idle, so readers never see finished requests as still running.
         now = time.monotonic()
-        stats = self.runner.stats()
-        idle_change = not self.runner.has_work() and stats != self._sent_stats
-        if idle_change or now - self._last_stats >= STATS_INTERVAL_S:
+        self._expire_tombstones()
+        tables = dict(routes=len(self._next), tombstones=len(self._aborted))
+        stats = replace(self.runner.stats(), **tables)
+        busy = self.runner.has_work()
+        idle_change = not busy and stats != self._sent_stats
+        interval = STATS_INTERVAL_S if busy else IDLE_STATS_INTERVAL_S
+        if idle_change or now - self._last_stats >= interval:
             self._last_stats = now
             self._sent_stats = stats
-            self.engine.put(replace(stats, busy_s=self._busy_s, replica=self.replica))
+            proc = process_stats()
+            self.engine.put(
+                replace(
+                    stats,
+                    busy_s=self._busy_s,
+                    replica=self.replica,
+                    pid=proc.pid,
+                    rss_bytes=proc.rss_bytes,
+                    open_fds=proc.open_fds,
+                )
+            )
 
 
 def _request_id(msg: Any) -> str:

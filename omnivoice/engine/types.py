@@ -118,10 +118,25 @@ class StageStats:
     busy_s: float = 0.0  # wall time spent in the runner's step() since the stage started
     cached_tokens: int = 0  # prompt positions served from the prefix cache since the stage started
     replica: int = 0  # which worker of the stage (engine.stats() sums them per stage)
+    # Per-request tables held by the worker besides the runner's (queued + running): the next stage's
+    # replica of each request in flight, and recently aborted ids (tombstones, expire after a while).
+    routes: int = 0
+    tombstones: int = 0
+    prefixes: int = 0  # conversations whose prefix is cached (thinker)
+    kv_slots_used: int = 0  # KV cache slots held: running requests plus cached prefixes
+    # The worker's process (the server's own for thread workers): pid, resident memory, open fds.
+    pid: int = 0
+    rss_bytes: int = 0
+    open_fds: int = 0
+
+    @property
+    def live_requests(self) -> int:
+        """Entries of per-request state that must drain to 0 once no request is in flight."""
+        return self.queued + self.running + self.routes
 
     @classmethod
     def total(cls, name: str, parts: list[StageStats]) -> StageStats:
-        """One stage's figures summed over its replicas (last_batch_size: the largest)."""
+        """One stage's figures summed over its replicas (last_batch_size: the largest; no process)."""
         return cls(
             name,
             queued=sum(p.queued for p in parts),
@@ -130,6 +145,10 @@ class StageStats:
             steps=sum(p.steps for p in parts),
             busy_s=sum(p.busy_s for p in parts),
             cached_tokens=sum(p.cached_tokens for p in parts),
+            routes=sum(p.routes for p in parts),
+            tombstones=sum(p.tombstones for p in parts),
+            prefixes=sum(p.prefixes for p in parts),
+            kv_slots_used=sum(p.kv_slots_used for p in parts),
         )
 
 
@@ -137,3 +156,5 @@ class StageStats:
 class EngineStats:
     stages: tuple[StageStats, ...]
     active_requests: int
+    conversations: int = 0  # conversations the router keeps a thinker replica for (cache_key affinity)
+    routed: int = 0  # requests counted against a replica by the router (sum of replica_load)

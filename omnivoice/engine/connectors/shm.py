@@ -4,6 +4,8 @@ shared memory.
 Messages are pickled with protocol 5 so numpy arrays become out-of-band buffers. Payloads above
 `inline_limit` bytes are copied into one fresh shared-memory segment per message; the reader copies
 them out and unlinks the segment at once, so a segment lives only while its message is in flight.
+Segments are named after the process that made the connector (`process_stats.shm_prefix`), so the
+server can count its own in /dev/shm (a leak check).
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import secrets
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
+
+from omnivoice.engine.process_stats import shm_prefix
 
 
 class ShmConnector:
@@ -21,6 +26,7 @@ class ShmConnector:
         ctx = ctx or mp.get_context("spawn")
         self._q = ctx.Queue()
         self._inline_limit = inline_limit
+        self._prefix = shm_prefix()  # the creating (server) process's, also in the stage processes
 
     def put(self, msg: Any) -> None:
         buffers: list[pickle.PickleBuffer] = []
@@ -31,7 +37,7 @@ class ShmConnector:
         if total <= self._inline_limit:
             self._q.put((data, None, [bytes(r) for r in raws]))
             return
-        shm = SharedMemory(create=True, size=total)
+        shm = SharedMemory(name=self._prefix + secrets.token_hex(8), create=True, size=total)
         # the reader unlinks it; stop this process's tracker from unlinking it again at exit
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
         offset = 0
