@@ -107,8 +107,8 @@ def _to_float(payload: memoryview, fmt: _Format) -> np.ndarray:
     frames = len(payload) // (width * fmt.channels)  # a trailing partial frame is dropped
     raw = np.frombuffer(payload, dtype=np.uint8, count=frames * width * fmt.channels)
     if fmt.tag == _WAVE_FORMAT_IEEE_FLOAT:
-        x = raw.view("<f4" if width == 4 else "<f8").astype(np.float32)
-        x = np.clip(np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0)
+        x = raw.view("<f4" if width == 4 else "<f8")  # clipped before the cast: doubles overflow float32
+        x = np.clip(np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0), -1.0, 1.0).astype(np.float32)
     elif width == 1:
         x = (raw.astype(np.float32) - 128.0) / 128.0  # 8-bit WAV is unsigned
     elif width == 2:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from omnivoice.engine.types import Sampling
-from omnivoice.server.realtime.protocol import ProtocolError, ResponseParams
+from omnivoice.server.realtime.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
 from omnivoice.server.realtime.response import ResponsePlan
 from omnivoice.server.realtime.session_config import FormatParam, SettingsError, resolve_format, resolve_voice
 
@@ -28,18 +28,18 @@ def plan_response(session: Session, r: ResponseParams | None, event_id: str | No
             "response.conversation",
             event_id,
         )
-    out = (r.audio or {}).get("output") or {}
+    out = r.audio.output if r.audio is not None and r.audio.output is not None else ResponseAudioOutput()
     voice = s.voice
-    if out.get("voice") or r.voice:
+    if out.voice or r.voice:
         try:
             voice = resolve_voice(
-                out.get("voice") or r.voice, info.voices, info.default_voice, "response.audio.output.voice"
+                out.voice or r.voice or "", info.voices, info.default_voice, "response.audio.output.voice"
             )
         except SettingsError as err:
             raise ProtocolError(str(err), "invalid_value", err.param, event_id) from None
-    fmt = s.output_format
-    if out.get("format") or r.output_audio_format:
-        fmt = resolve_format(_format_param(out.get("format") or r.output_audio_format, event_id), fmt)
+    fmt, wanted = s.output_format, out.format if out.format is not None else r.output_audio_format
+    if wanted is not None:
+        fmt = resolve_format(_format_param(wanted, event_id), fmt)
     modalities = r.output_modalities or r.modalities or list(s.output_modalities)
     tokens = r.max_output_tokens or r.max_response_output_tokens or s.max_output_tokens
     d = stages.thinker.sampling

@@ -56,15 +56,27 @@ class ItemParam(_Strict):
     output: str | None = None
 
 
+class ResponseAudioOutput(_Strict):
+    format: Any = None  # checked when the response is planned, as a session's output format
+    voice: str | None = None
+
+
+class ResponseAudio(_Strict):
+    output: ResponseAudioOutput | None = None
+
+
+Tokens = Annotated[int, Field(ge=1)] | Literal["inf"]
+
+
 class ResponseParams(_Strict):
     output_modalities: list[Literal["text", "audio"]] | None = None
     modalities: list[Literal["text", "audio"]] | None = None  # beta
     instructions: str | None = None
     voice: str | None = None  # beta
     output_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None  # beta
-    audio: dict[str, Any] | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
-    max_response_output_tokens: int | Literal["inf"] | None = None  # beta
+    audio: ResponseAudio | None = None
+    max_output_tokens: Tokens | None = None
+    max_response_output_tokens: Tokens | None = None  # beta
     conversation: str | None = None
     metadata: dict[str, str] | None = None
     input: list[Any] | None = None
@@ -185,6 +197,9 @@ def _validation_error(
     first = e.errors()[0]
     # union members add their class or literal name to the location: not a field, leave it out
     loc = [*prefix, *(str(p) for p in first["loc"][skip:] if isinstance(p, int) or _FIELD.fullmatch(p))]
+    last = first["loc"][-1] if first["loc"] else None
+    if first["type"] == "extra_forbidden" and isinstance(last, str) and not _FIELD.fullmatch(last):
+        loc.append(last[:64])  # an unknown key is named whatever it looks like
     param = ".".join(loc) or None
     if first["type"] == "extra_forbidden":
         return ProtocolError(f"Unknown parameter: '{param}'.", "unknown_parameter", param, event_id)

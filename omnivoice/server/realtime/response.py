@@ -109,6 +109,10 @@ class Response:
         if self.task is not None and not self.task.done():
             self.task.cancel()
             await asyncio.wait([self.task])
+            if self.task.cancelled():  # cancelled before its first step: `run` never ran, so end it here
+                self._emit("response.created")
+                self._cancelled()
+                self._finish()
 
     async def run(self) -> None:
         self._emit("response.created")
@@ -116,26 +120,23 @@ class Response:
             await self._generate()
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            self.status, self.status_details = (
-                "cancelled",
-                {"type": "cancelled", "reason": self.cancel_reason},
-            )
-            dropped = self._outbox.drop(
-                lambda e: e.get("response_id") != self.id or not e["type"].endswith(".delta")
-            )
-            self._resampler.reset()
-            log.info(
-                "session %s: response %s cancelled (%s); %d queued deltas dropped",
-                self.session_id,
-                self.id,
-                self.cancel_reason,
-                dropped,
-            )
+            self._cancelled()
         except Exception as e:
             log.exception("session %s: response %s failed", self.session_id, self.id)
             self._fail("server_error", "internal_error", f"the response failed: {type(e).__name__}")
         finally:
             self._finish()
+
+    def _cancelled(self) -> None:
+        self.status, self.status_details = "cancelled", {"type": "cancelled", "reason": self.cancel_reason}
+        dropped = self._outbox.drop(
+            lambda e: e.get("response_id") != self.id or not e["type"].endswith(".delta")
+        )
+        self._resampler.reset()
+        log.info(
+            "session %s: response %s cancelled (%s); %d queued deltas dropped",
+            self.session_id, self.id, self.cancel_reason, dropped,
+        )  # fmt: skip
 
     async def _generate(self) -> None:
         plan = self.plan

@@ -1,0 +1,205 @@
+"""Fuzz the Realtime client events: the parser (`parse_client_event`) and a whole `Session` over the
+fake engine. Events are valid ones with fields dropped, retyped, pushed to edge values or added, and
+raw garbage. The contract: a typed event or a `ProtocolError` (an `error` event, the session goes on);
+never another exception, never an `internal_error`, and the session still serves a turn afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from server.fake_engine import FakeEngine, FakeModelInfo, Script
+
+from omnivoice.audio.formats import PCM16
+from omnivoice.audio.vad import SileroVad
+from omnivoice.config import parse_profile
+from omnivoice.server.realtime import protocol as p
+from omnivoice.server.realtime.outbox import Outbox
+from omnivoice.server.realtime.session import Session
+
+from .strategies import b64, lying_base64, mutated, pick, raw_bytes, raw_text
+
+TONE = PCM16.encode(0.3 * np.sin(np.arange(4800) * 0.06))  # 0.2 s at 24 kHz
+AUDIO = b64(TONE)
+ITEM_ID = "item_fuzz"
+GA_SESSION = {
+    "type": "realtime",
+    "instructions": "be brief",
+    "output_modalities": ["audio"],
+    "max_output_tokens": 40,
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcm", "rate": 24000},
+            "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                               "silence_duration_ms": 200, "create_response": True,
+                               "interrupt_response": True, "idle_timeout_ms": 5000},
+            "transcription": {"model": "whisper-1"},
+        },
+        "output": {"format": {"type": "audio/pcmu"}, "voice": "alloy", "speed": 1.0},
+    },
+    "omnivoice": {"min_output_tokens": 2, "output_audio_frames": 3},
+}  # fmt: skip
+BETA_SESSION = {
+    "modalities": ["text", "audio"], "voice": "ethan", "input_audio_format": "g711_alaw",
+    "output_audio_format": "pcm16", "turn_detection": {"type": "semantic_vad", "eagerness": "high"},
+    "max_response_output_tokens": "inf", "temperature": 0.8, "tools": [], "tool_choice": "auto",
+}  # fmt: skip
+USER_ITEM = {
+    "id": ITEM_ID, "type": "message", "role": "user",
+    "content": [{"type": "input_text", "text": "hi"},
+                {"type": "input_audio", "audio": AUDIO, "transcript": "hi"}],
+}  # fmt: skip
+ASSISTANT_ITEM = {
+    "type": "message", "role": "assistant", "status": "completed",
+    "content": [{"type": "output_text", "text": "hello"}, {"type": "audio", "transcript": "there"}],
+}  # fmt: skip
+RESPONSE = {
+    "output_modalities": ["text"], "instructions": "x", "voice": "alloy", "conversation": "none",
+    "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "ethan"}},
+    "max_output_tokens": 5, "metadata": {"k": "v"}, "temperature": 0.7, "output_audio_format": "g711_ulaw",
+}  # fmt: skip
+VALID_EVENTS: list[dict[str, Any]] = [
+    {"type": "session.update", "event_id": "ev_1", "session": GA_SESSION},
+    {"type": "session.update", "session": BETA_SESSION},
+    {"type": "input_audio_buffer.append", "audio": AUDIO},
+    {"type": "input_audio_buffer.commit"},
+    {"type": "input_audio_buffer.clear"},
+    {"type": "conversation.item.create", "previous_item_id": "root", "item": USER_ITEM},
+    {"type": "conversation.item.create", "item": ASSISTANT_ITEM},
+    {"type": "conversation.item.retrieve", "item_id": ITEM_ID},
+    {"type": "conversation.item.delete", "item_id": ITEM_ID},
+    {"type": "conversation.item.truncate", "item_id": ITEM_ID, "content_index": 0, "audio_end_ms": 100},
+    {"type": "response.create", "response": RESPONSE},
+    {"type": "response.create"},
+    {"type": "response.cancel", "response_id": "resp_x"},
+    {"type": "output_audio_buffer.clear"},
+]
+ERROR_CODES = {
+    "invalid_json", "missing_required_parameter", "invalid_value", "unknown_parameter", "unsupported",
+    "item_not_found", "input_audio_buffer_too_large", "input_audio_buffer_full",
+    "input_audio_buffer_commit_empty", "conversation_already_has_active_response",
+    "response_cancel_not_active",
+}  # fmt: skip
+
+# one client event: valid, mutated, with lying base64 audio, or raw garbage
+audio_events = lying_base64().map(lambda a: json.dumps({"type": "input_audio_buffer.append", "audio": a}))
+item_audio_events = lying_base64().map(
+    lambda a: json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": a}]}})
+)  # fmt: skip
+mutated_events = st.sampled_from(VALID_EVENTS).flatmap(mutated).map(json.dumps)
+events = pick(
+    st.sampled_from(VALID_EVENTS).map(json.dumps),
+    mutated_events,
+    mutated_events,
+    mutated_events,
+    audio_events,
+    item_audio_events,
+    raw_text,
+    raw_bytes,
+)
+
+
+def _check_error(e: p.ProtocolError) -> None:
+    assert e.code in ERROR_CODES, (e.code, e.message)
+    assert isinstance(e.message, str) and e.message
+    assert e.param is None or isinstance(e.param, str)
+    assert e.event_id is None or isinstance(e.event_id, str)
+
+
+@given(events)
+@example('{"type": "session.update", "session": {"voice": 3}}')
+@example('{"type": "input_audio_buffer.append", "audio": 5}')
+@example(b"\xff\xfe")
+@example("[" * 100_000)
+def test_parse_client_event_returns_an_event_or_a_protocol_error(text: str | bytes) -> None:
+    try:
+        event = p.parse_client_event(text)
+    except p.ProtocolError as e:
+        _check_error(e)
+        return
+    assert event.type in p.EVENT_TYPES
+
+
+# ---- a whole session -------------------------------------------------------------------------------
+class _Admission:
+    """As the app's admission, always admitting."""
+
+    class _Slot:
+        def release(self) -> None:
+            pass
+
+    def acquire(self) -> _Slot:
+        return self._Slot()
+
+
+@pytest.fixture(scope="module")
+def vad() -> Iterator[SileroVad]:
+    yield SileroVad()
+
+
+PROFILE = parse_profile({"realtime": {"max_buffer_seconds": 3.0, "max_audio_ahead_ms": 0}})
+FINAL_TURN = [
+    {"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "still there?"}]}},
+    {"type": "response.create", "response": {"instructions": "be brief", "output_modalities": ["text"]}},
+]  # fmt: skip
+
+
+async def _run_session(vad: SileroVad, messages: list[str | bytes]) -> list[dict[str, Any]]:
+    """Feed `messages` to a fresh session, then a normal turn; returns every event the session sent."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(text: str) -> None:
+        sent.append(json.loads(text))
+
+    engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
+    outbox = Outbox(send, "sess_fuzz", beta=False)
+    writer = asyncio.create_task(outbox.run())
+    session = Session("sess_fuzz", engine, outbox, vad, profile=PROFILE, admission=_Admission())
+    session.start()
+    try:
+        for message in messages:
+            await session.handle(message)
+        if session.response is not None:
+            await session.response.cancel("client_cancelled")
+        before = len(sent)
+        for event in FINAL_TURN:
+            await session.handle(json.dumps(event))
+        if session.response is not None and session.response.task is not None:
+            await asyncio.wait_for(session.response.task, 10)
+        await asyncio.sleep(0)
+        outbox.close()
+        await asyncio.wait_for(writer, 10)
+        final = [e for e in sent[before:] if e["type"] == "response.done"]
+        assert final and final[-1]["response"]["status"] == "completed", sent[before:]
+    finally:
+        await session.close()
+        writer.cancel()
+    return sent
+
+
+def _check_session_events(sent: list[dict[str, Any]]) -> None:
+    for event in sent:
+        if event["type"] == "error":
+            assert event["error"]["type"] == "invalid_request_error", event
+            assert event["error"]["code"] in ERROR_CODES, event
+        if event["type"] == "response.done" and event["response"]["status"] == "failed":
+            # the fake engine never fails: only the client's input may (an empty conversation, ...)
+            assert event["response"]["status_details"]["error"]["type"] == "invalid_request_error", event
+
+
+@given(st.lists(events, min_size=1, max_size=6))
+@example([json.dumps({"type": "response.create", "response": {"audio": {"output": "pcm16"}}})])
+@example([json.dumps({"type": "response.create", "response": {"audio": {"output": {"voice": 7}}}})])
+@example([json.dumps({"type": "response.create", "response": {"max_output_tokens": -5}})])
+@example([json.dumps({"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": float("nan")})])
+def test_a_session_answers_bad_events_with_errors_and_goes_on(vad: SileroVad, messages: list) -> None:
+    _check_session_events(asyncio.run(_run_session(vad, messages)))
