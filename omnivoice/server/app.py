@@ -28,6 +28,7 @@ from omnivoice.server.auth.keys import ENV_VAR, ApiKeys, check_bind, is_loopback
 from omnivoice.server.auth.middleware import AuthMiddleware
 from omnivoice.server.auth.redact import redact_logs
 from omnivoice.server.chat import chat_completions
+from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.metrics import Metrics
@@ -58,10 +59,11 @@ def create_app(
     """
     keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
     lifecycle = EngineLifecycle(profile, engine_factory)
-    admission = Admission(profile.server.max_concurrent_requests)
+    drain = Drain(profile.server.drain_timeout_s)
+    admission = Admission(profile.server.max_concurrent_requests, drain)
     realtime = RealtimeService(profile.realtime)
     timeout = profile.realtime.webrtc_connect_timeout_s
-    calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=timeout)
+    calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=timeout, drain=drain)
     auth = Auth(profile.auth, keys, realtime.secrets)
 
     @asynccontextmanager
@@ -90,13 +92,18 @@ def create_app(
             Route("/v1/realtime/calls/{call_id}/hangup", signalling.hang_up, methods=["POST"]),
             *page_routes(),
         ],
-        middleware=[Middleware(RequestContextMiddleware), Middleware(AuthMiddleware, auth=auth)],
+        middleware=[
+            Middleware(RequestContextMiddleware),
+            Middleware(DrainMiddleware, drain=drain),
+            Middleware(AuthMiddleware, auth=auth),
+        ],
         exception_handlers=EXCEPTION_HANDLERS,  # type: ignore[arg-type]
         lifespan=lifespan,
     )
     app.state.profile = profile
     app.state.created = int(time.time())
     app.state.lifecycle = lifecycle
+    app.state.drain = drain
     app.state.admission = admission
     app.state.realtime = realtime
     app.state.webrtc = calls
@@ -129,8 +136,11 @@ async def run_server(
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=10,
+        ws_max_size=2 * profile.realtime.max_event_bytes,  # larger frames: close 1009 (see Session)
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    # SIGTERM/SIGINT drain first (omnivoice.server.drain): nothing new is admitted, in-flight responses
+    # get server.drain_timeout_s to finish, the rest is cancelled with a notice; then uvicorn shuts down
+    server = DrainingServer(config, app.state.drain, lambda: in_flight(app.state))
     serving = asyncio.create_task(server.serve(), name="uvicorn")
     lifecycle: EngineLifecycle = app.state.lifecycle
     settled = asyncio.create_task(lifecycle.wait_settled(), name="engine-ready")
@@ -146,7 +156,7 @@ async def run_server(
         server.should_exit = True
     await serving
     settled.cancel()
-    return 0 if ok else 1
+    return 0 if ok or server.signals else 1  # a signal while loading is a clean stop too
 
 
 def _log_auth(keys: ApiKeys, host: str) -> None:

@@ -1,8 +1,10 @@
 """`POST /v1/chat/completions`: admission, validation, then the engine's outputs as JSON or SSE.
 
 The response shapes (OpenAI SDK + vLLM-Omni compatible) are documented in `chat_format`.
-A request ends in exactly one `omnivoice_requests_total{status}`: ok, cancelled (client left; the
-engine request is aborted), error, invalid (4xx), rejected (429) or unavailable (503).
+A request ends in exactly one `omnivoice_requests_total{status}`: ok, cancelled (client left or
+stopped reading, or the server shut down; the engine request is aborted), error, invalid (4xx),
+rejected (over a limit: 429, or 503 server_overloaded) or unavailable (503: loading, failed,
+shutting down).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnivoice.config import Profile
-from omnivoice.engine.types import AudioChunk, Finished, GenerationRequest, Sampling, TextDelta, Usage
+from omnivoice.engine.types import (
+    AudioChunk,
+    EngineOverloaded,
+    Finished,
+    GenerationRequest,
+    Sampling,
+    TextDelta,
+    Usage,
+)
 from omnivoice.server.chat_format import ChunkWriter, Turn, completion_body, encode_audio
 from omnivoice.server.chat_schema import (
     ChatRequest,
@@ -29,7 +39,15 @@ from omnivoice.server.chat_schema import (
     parse_chat_request,
     to_engine_messages,
 )
-from omnivoice.server.errors import APIError, bad_request, internal_error, not_found, read_json_object
+from omnivoice.server.errors import (
+    APIError,
+    bad_request,
+    internal_error,
+    not_found,
+    read_json_object,
+    server_overloaded,
+    shutting_down,
+)
 from omnivoice.server.metrics import RequestTimer
 from omnivoice.server.sse import DONE, EventStreamResponse, run_unless_disconnected, sse_event
 
@@ -43,11 +61,14 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
         engine = state.lifecycle.require()
         slot = state.admission.acquire()
     except APIError as e:
-        state.metrics.count("unavailable" if e.status == 503 else "rejected")
+        state.metrics.count(_refused(e))
         raise
     handed_off, timer = False, None
     try:
         req, gen, turn = await _prepare(request, engine, state.profile)
+        why = engine.overloaded(gen)  # refuse now, before a 200 and a stream that could only fail
+        if why is not None:
+            raise server_overloaded(why)
         modalities = "+".join(m for m, on in (("text", turn.want_text), ("audio", turn.want_audio)) if on)
         log.info(
             "request %s: %s stream=%s modalities=%s prompt_tokens=%d",
@@ -57,11 +78,20 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
         if req.stream:
             handed_off = True  # the response releases the slot when it ends, however it ends
             events = _stream(engine, gen, turn, timer, rid)
-            return EventStreamResponse(events, on_close=slot.release)
+            return EventStreamResponse(
+                events,
+                on_close=slot.release,
+                send_timeout_s=state.profile.server.send_timeout_s,
+                stop=state.drain.expired,
+                farewell=sse_event(shutting_down().body()) + DONE,
+                label=f"request {rid}",
+            )
         return await _complete(request, engine, gen, turn, timer)
     except Exception as e:
         if timer is not None:
             timer.finish("error")  # no-op if the request already recorded its outcome
+        elif isinstance(e, APIError) and e.status in (429, 503):
+            state.metrics.count(_refused(e))
         else:
             client_error = isinstance(e, APIError) and e.status < 500
             state.metrics.count("invalid" if client_error else "error")
@@ -69,6 +99,11 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
     finally:
         if not handed_off:
             slot.release()
+
+
+def _refused(e: APIError) -> str:
+    """The metrics status of a request refused before it ran."""
+    return "rejected" if e.status == 429 or e.code == "server_overloaded" else "unavailable"
 
 
 async def _prepare(
@@ -163,9 +198,17 @@ async def _complete(
 ) -> Response:
     """Non-streaming: collect everything; a client that disconnects meanwhile aborts the request."""
     rid = request.state.request_id
-    result = await run_unless_disconnected(request.receive, _collect(engine, gen, timer))
+    stop = request.app.state.drain.expired
+    try:
+        result = await run_unless_disconnected(request.receive, _collect(engine, gen, timer), stop)
+    except EngineOverloaded as e:  # filled up between the check and the start: rare
+        timer.finish("rejected")
+        raise server_overloaded(str(e)) from None
     if result is None:
         timer.finish("cancelled")
+        if stop.is_set():
+            log.info("request %s: the server is shutting down; aborted %s", rid, gen.request_id)
+            raise shutting_down()
         log.info("request %s: client disconnected; aborted %s", rid, gen.request_id)
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
     text, pcm, rate, fin = result
@@ -237,6 +280,10 @@ async def _stream(
                     yield sse_event(internal_error(out.error or f"generation {out.finish_reason}").body())
                 yield DONE
                 break
+    except EngineOverloaded as e:  # filled up between the check and the start: rare
+        status = "rejected"
+        yield sse_event(server_overloaded(str(e)).body())
+        yield DONE
     except Exception:
         status = "error"
         log.exception("request %s: streaming %s failed", rid, gen.request_id)

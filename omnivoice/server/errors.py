@@ -81,6 +81,20 @@ def rate_limited(message: str, retry_after_s: int) -> APIError:
     )  # fmt: skip
 
 
+def server_overloaded(message: str) -> APIError:
+    """The server is at capacity (concurrent requests, a full engine stage): 503, retry shortly."""
+    return APIError(503, message, type="server_error", code="server_overloaded", headers={"Retry-After": "1"})
+
+
+def shutting_down() -> APIError:
+    """The server is draining before it exits (SIGTERM): 503, retry on another instance."""
+    message = "the server is shutting down; retry shortly"
+    return APIError(
+        503, message, type="server_error", code="server_shutting_down",
+        headers={"Retry-After": "5", "Connection": "close"},
+    )  # fmt: skip
+
+
 def internal_error(message: str = "internal server error") -> APIError:
     return APIError(500, message, type="server_error")
 

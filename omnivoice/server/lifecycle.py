@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from omnivoice.config import Profile
 from omnivoice.engine.types import EngineStats
-from omnivoice.server.errors import service_unavailable, too_many_requests
+from omnivoice.server.errors import server_overloaded, service_unavailable, shutting_down
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine
+    from omnivoice.server.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -101,15 +102,21 @@ class EngineLifecycle:
 
 
 class Admission:
-    """At most `limit` requests in flight; over it, fail fast with 429 instead of queueing."""
+    """At most `limit` requests in flight; over it, fail fast with 503 (server_overloaded) instead
+    of queueing. While the server drains, nothing new is admitted (503 server_shutting_down)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, drain: Drain | None = None) -> None:
         self.limit = limit
         self.in_flight = 0
+        self._drain = drain
 
     def acquire(self) -> Slot:
+        if self._drain is not None and self._drain.draining:
+            raise shutting_down()
         if self.in_flight >= self.limit:
-            raise too_many_requests(self.limit)
+            raise server_overloaded(
+                f"the server is at its limit of {self.limit} concurrent requests; retry shortly"
+            )
         self.in_flight += 1
         return Slot(self)
 

@@ -10,8 +10,11 @@ from omnivoice.server.errors import not_found
 
 
 async def health(request: Request) -> Response:
-    """200 `{"status": "ok"}` once the engine is up; 503 while it is starting, failed or closed."""
+    """200 `{"status": "ok"}` once the engine is up; 503 while it is starting, failed, draining
+    (shutting down) or closed."""
     lifecycle = request.app.state.lifecycle
+    if request.app.state.drain.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     failure = lifecycle.engine.failure if lifecycle.state == "ready" else None
     if lifecycle.state == "ready" and not failure:
         return JSONResponse({"status": "ok"})

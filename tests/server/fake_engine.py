@@ -22,6 +22,7 @@ from omnivoice.engine.types import (
     AudioPart,
     ChatMessage,
     EngineOutput,
+    EngineOverloaded,
     EngineStats,
     Finished,
     GenerationRequest,
@@ -77,6 +78,7 @@ class FakeEngine:
     closed: bool = False
     failure: str | None = None  # as Engine.failure: set when a stage worker died
     restarting: bool = False  # as Engine.restarting
+    capacity: int | None = None  # requests running at once; more are refused (as Engine.overloaded)
 
     @classmethod
     def factory(
@@ -115,7 +117,15 @@ class FakeEngine:
                     n += max(1, int(p.pcm.size / p.sample_rate * 25))
         return Prompt(input_ids=tuple(range(n)))
 
+    def overloaded(self, request: GenerationRequest) -> str | None:
+        if self.capacity is not None and len(self.running) >= self.capacity:
+            return f"the fake engine runs {self.capacity} requests at most"
+        return None
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        why = self.overloaded(request)
+        if why is not None:
+            raise EngineOverloaded(why)
         rid, s = request.request_id, self.script
         self.requests.append(request)
         self.running.add(rid)

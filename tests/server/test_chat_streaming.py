@@ -163,7 +163,7 @@ async def test_client_disconnect_during_non_streaming_request_aborts_it() -> Non
         assert s.app.state.admission.in_flight == 0
 
 
-async def test_over_the_concurrency_limit_is_429_at_once() -> None:
+async def test_over_the_concurrency_limit_is_503_at_once() -> None:
     slow = Script(texts=("x",) * 100, audio_chunks=0, delay=0.02)
     with serve_fake(slow, server={"max_concurrent_requests": 1}) as s:
         async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
@@ -173,8 +173,8 @@ async def test_over_the_concurrency_limit_is_429_at_once() -> None:
                 t0 = time.perf_counter()
                 busy = await c.post("/v1/chat/completions", json={"messages": USER})
                 assert time.perf_counter() - t0 < 0.5
-                assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
-                assert busy.json()["error"]["type"] == "rate_limit_error"
+                assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+                assert busy.json()["error"]["code"] == "server_overloaded"
             await wait_for(lambda: s.app.state.admission.in_flight == 0)
             assert (await c.post("/v1/chat/completions", json={"messages": USER})).status_code == 200
         assert s.count("rejected") == 1

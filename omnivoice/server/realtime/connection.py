@@ -17,7 +17,8 @@ from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import APIError
 from omnivoice.server.realtime.conversation import new_id
-from omnivoice.server.realtime.outbox import Event, Outbox
+from omnivoice.server.realtime.ending import CLOSE_POLICY, serve_until_over
+from omnivoice.server.realtime.outbox import Event, Outbox, OutboxLimits
 from omnivoice.server.realtime.server_events import error
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
 from omnivoice.server.realtime.session import Session
@@ -36,7 +37,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
     sid = new_id("sess")
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
-    outbox = Outbox(websocket.send_text, sid, beta)
+    outbox = Outbox(websocket.send_text, sid, beta, OutboxLimits.of(state.profile))
     writer = asyncio.create_task(outbox.run(), name=f"realtime-writer-{sid}")
     session: Session | None = None
     lease: SessionLease | None = None
@@ -68,7 +69,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             principal.owner,
         )
         session.start()
-        await _read_loop(websocket, session, service.config.idle_timeout_s)
+        read = _read_loop(websocket, session, service.config.idle_timeout_s)
+        code = await serve_until_over(read, outbox, writer, lambda: session, state.drain, f"session {sid}")
     except WebSocketDisconnect:
         pass
     except Exception:
@@ -118,13 +120,13 @@ def _refusal(e: Exception) -> Event:
 
 async def _close(websocket: WebSocket, outbox: Outbox, writer: asyncio.Task[None], code: int) -> None:
     outbox.close()
-    try:
-        await asyncio.wait_for(writer, timeout=2.0)  # flush the last events (e.g. the reason for closing)
+    try:  # flush the last events (e.g. the reason for closing), unless the client stopped reading
+        await asyncio.wait_for(writer, timeout=0 if code == CLOSE_POLICY else 2.0)
     except (TimeoutError, Exception):
         writer.cancel()
     if (
         websocket.client_state == WebSocketState.CONNECTED
         and websocket.application_state == WebSocketState.CONNECTED
     ):
-        with contextlib.suppress(Exception):  # the client is already gone
-            await websocket.close(code)
+        with contextlib.suppress(Exception):  # the client is already gone, or reads nothing
+            await asyncio.wait_for(websocket.close(code), timeout=1.0)

@@ -6,6 +6,10 @@ built in the GA dialect; a beta client (`OpenAI-Beta: realtime=v1`) gets the bet
 
 The WebSocket sends every event as text. A transport that plays the audio out itself (WebRTC)
 subclasses this and overrides `write` (audio deltas go to its track), `interrupt` and `clear_output`.
+
+A client that stops reading is dropped, never waited for: a send blocked `send_timeout_s`, or more
+than `max_bytes` queued, makes `run` raise SlowConsumer (the connection then ends the session,
+which aborts its response in every engine stage).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -63,14 +68,48 @@ class Queued(NamedTuple):
     on_sent: Callable[[], None] | None
     pcm: np.ndarray | None  # an audio delta's audio: float32 at the output format's rate
     rate: int
+    size: int = 0  # bytes it takes on the wire, about (see `_wire_size`)
+
+
+@dataclass(frozen=True)
+class OutboxLimits:
+    """How far a client may fall behind before it is dropped (realtime.max_outbox_bytes and
+    server.send_timeout_s of the profile)."""
+
+    max_bytes: int = 8 * 1024 * 1024
+    send_timeout_s: float = 10.0
+
+    @classmethod
+    def of(cls, profile: Any) -> OutboxLimits:
+        return cls(profile.realtime.max_outbox_bytes, profile.server.send_timeout_s)
+
+
+class SlowConsumer(Exception):
+    """The client stopped reading: a send blocked too long, or too much is queued for it."""
+
+
+def _wire_size(event: Event) -> int:
+    # audio (a delta's base64, an item's) is what piles up; the rest is small
+    delta = event.get("delta")
+    return 256 + (len(delta) if isinstance(delta, str) else 0)
 
 
 class Outbox:
-    def __init__(self, send_text: Callable[[str], Awaitable[None]], session_id: str, beta: bool) -> None:
-        self._send_text = send_text
+    def __init__(
+        self,
+        send_text: Callable[[str], Awaitable[None]],
+        session_id: str,
+        beta: bool,
+        limits: OutboxLimits | None = None,
+    ) -> None:
+        self._raw_send = send_text
         self._session_id = session_id
         self.beta = beta
+        self.limits = limits or OutboxLimits()
         self._queue: deque[Queued] = deque()
+        self._queued_bytes = 0
+        self.failure: SlowConsumer | None = None
+        self.failed = asyncio.Event()  # set with `failure` (the writer may be stuck in a send)
         self._wake = asyncio.Event()
         self._closing = False
 
@@ -84,14 +123,36 @@ class Outbox:
         """Queue `event` (an `event_id` is added); `on_sent` runs once it is on the socket (or, for
         audio a transport plays out itself, once played). `pcm` at `rate` is an audio delta's audio."""
         event.setdefault("event_id", f"event_{uuid.uuid4().hex[:20]}")
-        self._queue.append(Queued(event, on_sent, pcm, rate))
+        size = _wire_size(event)
+        self._queue.append(Queued(event, on_sent, pcm, rate, size))
+        self._queued_bytes += size
+        if self._queued_bytes > self.limits.max_bytes and len(self._queue) > 1 and self.failure is None:
+            self.failure = SlowConsumer(
+                f"{self._queued_bytes} bytes of events wait for the client (limit {self.limits.max_bytes})"
+            )
+            self.failed.set()
         self._wake.set()
+
+    def _pop(self) -> Queued:
+        q = self._queue.popleft()
+        self._queued_bytes -= q.size
+        return q
 
     def drop(self, keep: Callable[[Event], bool]) -> int:
         """Remove queued events for which `keep` is false; returns how many were removed."""
         before = len(self._queue)
         self._queue = deque(e for e in self._queue if keep(e.event))
+        self._queued_bytes = sum(q.size for q in self._queue)
         return before - len(self._queue)
+
+    async def _send_text(self, text: str) -> None:
+        """Send one message; SlowConsumer if the client has not taken it within the send timeout."""
+        try:
+            async with asyncio.timeout(self.limits.send_timeout_s):
+                await self._raw_send(text)
+        except TimeoutError:
+            timeout = self.limits.send_timeout_s
+            raise SlowConsumer(f"the client took nothing for {timeout:g} s") from None
 
     def interrupt(self, response_id: str | None) -> str | None:
         """The user spoke over the output (server VAD, `interrupt_response`); `response_id` is the
@@ -114,10 +175,15 @@ class Outbox:
             q.on_sent()
 
     async def run(self) -> None:
-        """Write queued events until `close()`; raises if the socket fails."""
+        """Write queued events until `close()`; raises if the socket fails, SlowConsumer if the client
+        stopped reading."""
         while True:
             while self._queue:
-                await self.write(self._queue.popleft())
+                if self.failure is not None:
+                    raise self.failure
+                await self.write(self._pop())
+            if self.failure is not None:
+                raise self.failure
             if self._closing:
                 return
             self._wake.clear()

@@ -21,12 +21,20 @@ import numpy as np
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.resample import StreamResampler
-from omnivoice.engine.types import AudioChunk, ChatMessage, Finished, GenerationRequest, Sampling, TextDelta
+from omnivoice.engine.types import (
+    AudioChunk,
+    ChatMessage,
+    EngineOverloaded,
+    Finished,
+    GenerationRequest,
+    Sampling,
+    TextDelta,
+)
 from omnivoice.server.realtime.conversation import Content, Conversation, Item, new_id
 from omnivoice.server.realtime.ledger import AudioLedger
 from omnivoice.server.realtime.outbox import Outbox
 from omnivoice.server.realtime.prompting import build_prompt
-from omnivoice.server.realtime.server_events import format_object, usage_object
+from omnivoice.server.realtime.server_events import error, format_object, usage_object
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +129,10 @@ class Response:
         except asyncio.CancelledError:
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             self._cancelled()
+        except EngineOverloaded as e:  # refused at once: a full engine stage
+            log.info("session %s: response %s refused: %s", self.session_id, self.id, e)
+            self._fail("server_error", "server_overloaded", str(e))
+            self._outbox.put(error(str(e), "server_overloaded", type_="server_error"))
         except Exception as e:
             log.exception("session %s: response %s failed", self.session_id, self.id)
             self._fail("server_error", "internal_error", f"the response failed: {type(e).__name__}")
@@ -145,7 +157,6 @@ class Response:
             self._fail("invalid_request_error", "context_length_exceeded", built)
             return
         prompt, self.messages = built
-        self._open_item()
         request = GenerationRequest(
             self.id,
             prompt,
@@ -155,6 +166,10 @@ class Response:
             talker=plan.talker,
             cache_key=self.session_id if plan.in_conversation else None,  # KV kept between turns
         )
+        why = self._engine.overloaded(request)
+        if why is not None:  # before the output item exists: a refused response adds nothing
+            raise EngineOverloaded(why)
+        self._open_item()
         async with aclosing(self._engine.generate(request)) as outputs:  # leaving early aborts every stage
             async for out in outputs:
                 if isinstance(out, TextDelta) and out.text:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad, VadStream
 from omnivoice.audio.wav import AudioDecodeError
+from omnivoice.server.errors import APIError
 from omnivoice.server.realtime import items
 from omnivoice.server.realtime import protocol as p
 from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Conversation, Item, new_id
@@ -73,6 +74,11 @@ class Session:
     async def handle(self, text: str | bytes) -> None:
         """Handle one client event; bad input becomes an `error` event and the session goes on."""
         event_id = None
+        limit = self.profile.realtime.max_event_bytes
+        if len(text) > limit:  # characters of a text frame: bytes for the JSON of any real event
+            message = f"the event is {len(text)} bytes; the limit is {limit} (realtime.max_event_bytes)"
+            self.outbox.put(error(message, "event_too_large"))
+            return
         try:
             event = p.parse_client_event(text)
             event_id = event.event_id
@@ -299,13 +305,16 @@ class Session:
         )
         try:
             self._slot = self._admission.acquire()
-        except Exception as err:  # the server is at its request limit
+        except APIError as err:  # at the server's request limit, or shutting down: refused at once
+            code = err.code or "server_error"
+            log.info("session %s: response refused: %s", self.id, err.message)
             response.status = "failed"
             response.status_details = {
                 "type": "failed",
-                "error": {"type": "rate_limit_error", "code": "too_many_requests", "message": str(err)},
+                "error": {"type": err.type, "code": code, "message": err.message},
             }
             self.outbox.put({"type": "response.created", "response": response.wire()})
+            self.outbox.put(error(err.message, code, type_=err.type))
             self.outbox.put({"type": "response.done", "response": response.wire()})
             return
         self.response = response

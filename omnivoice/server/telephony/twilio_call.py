@@ -18,7 +18,7 @@ from starlette.websockets import WebSocket
 from omnivoice.audio.formats import G711_ULAW
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.server.realtime.conversation import INPUT_RATE, new_id
-from omnivoice.server.realtime.outbox import Event
+from omnivoice.server.realtime.outbox import Event, OutboxLimits
 from omnivoice.server.realtime.protocol import ProtocolError
 from omnivoice.server.realtime.service import RealtimeService
 from omnivoice.server.realtime.session import Session
@@ -88,7 +88,8 @@ class TwilioCall:
         self._service = service
         self._state = app_state
         ahead_s = app_state.profile.telephony.max_audio_ahead_ms / 1000
-        self.outbox = TwilioOutbox(websocket, self.id, self._on_session_event, ahead_s=ahead_s)
+        limits = OutboxLimits.of(app_state.profile)
+        self.outbox = TwilioOutbox(websocket, self.id, self._on_session_event, ahead_s=ahead_s, limits=limits)
         self._in = StreamResampler(tw.RATE, INPUT_RATE)
 
     @property

@@ -17,6 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.errors import APIError
+from omnivoice.server.realtime.ending import serve_until_over
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
 from omnivoice.server.telephony.stream_auth import stream_owner
 from omnivoice.server.telephony.twilio_call import TwilioCall
@@ -55,7 +56,9 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
         for frame in early:  # `connected` and `start`, read to authenticate the stream
             if not await call.handle(frame):
                 return
-        await _read_loop(websocket, call, writer, service.config.idle_timeout_s)
+        read = _read_loop(websocket, call, writer, service.config.idle_timeout_s)
+        label = f"call {call.label}"
+        code = await serve_until_over(read, call.outbox, writer, lambda: call.session, state.drain, label)
     except WebSocketDisconnect:
         pass
     except Exception:
@@ -91,13 +94,13 @@ async def _read_loop(
 
 async def _hang_up(websocket: WebSocket, call: TwilioCall, writer: asyncio.Task[None], code: int) -> None:
     call.outbox.close()  # audio still queued is dropped: no one is listening
-    try:
-        await asyncio.wait_for(writer, timeout=1.0)
+    try:  # the last control messages, unless the carrier stopped reading
+        await asyncio.wait_for(writer, timeout=0 if code == CLOSE_POLICY else 1.0)
     except (TimeoutError, Exception):
         writer.cancel()
     if (
         websocket.client_state == WebSocketState.CONNECTED
         and websocket.application_state == WebSocketState.CONNECTED
     ):
-        with contextlib.suppress(Exception):  # the carrier is already gone
-            await websocket.close(code)
+        with contextlib.suppress(Exception):  # the carrier is already gone, or reads nothing
+            await asyncio.wait_for(websocket.close(code), timeout=1.0)

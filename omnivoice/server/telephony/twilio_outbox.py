@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from starlette.websockets import WebSocket
 
-from omnivoice.server.realtime.outbox import Event, Outbox, Queued
+from omnivoice.server.realtime.outbox import Event, Outbox, OutboxLimits, Queued
 from omnivoice.server.telephony.playout import Playout
 from omnivoice.server.telephony.twilio_protocol import (
     FRAME_BYTES,
@@ -46,9 +46,15 @@ class _Frame:
 
 class TwilioOutbox(Outbox):
     def __init__(
-        self, websocket: WebSocket, call_id: str, on_event: Callable[[Event], None], *, ahead_s: float
+        self,
+        websocket: WebSocket,
+        call_id: str,
+        on_event: Callable[[Event], None],
+        *,
+        ahead_s: float,
+        limits: OutboxLimits | None = None,
     ) -> None:
-        super().__init__(websocket.send_text, call_id, beta=False)
+        super().__init__(websocket.send_text, call_id, beta=False, limits=limits)
         self.stream_sid = ""  # set at `start`; no audio flows before it
         self.playout = Playout()
         self.frames_sent = 0
@@ -96,12 +102,14 @@ class TwilioOutbox(Outbox):
     async def run(self) -> None:
         """Write until `close()`: control messages first, then frames on the playback clock."""
         while True:
+            if self.failure is not None:  # the carrier stopped reading (see Outbox)
+                raise self.failure
             if self._control:
                 await self._send_text(self._control.popleft())
             elif self._closing:  # the call is over: queued audio has no one to play to
                 return
             elif not self._frames and self._queue:
-                self._frame(self._queue.popleft())
+                self._frame(self._pop())
             elif self._frames:
                 lead = self._lead() if self._frames[0].payload else 0.0
                 if lead > self._ahead_s:

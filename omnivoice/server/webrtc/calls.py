@@ -8,24 +8,36 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnivoice.server.realtime.conversation import new_id
+from omnivoice.server.realtime.ending import shutdown_notice
+from omnivoice.server.realtime.outbox import OutboxLimits
 from omnivoice.server.realtime.service import RealtimeService
 from omnivoice.server.realtime.session import Session
 from omnivoice.server.webrtc.channel import DataChannelOutbox
 from omnivoice.server.webrtc.peer import Call
+
+if TYPE_CHECKING:
+    from omnivoice.server.drain import Drain
 
 log = logging.getLogger(__name__)
 
 
 class Calls:
     def __init__(
-        self, service: RealtimeService, *, profile: Any, admission: Any, connect_timeout_s: float
+        self,
+        service: RealtimeService,
+        *,
+        profile: Any,
+        admission: Any,
+        connect_timeout_s: float,
+        drain: Drain | None = None,
     ) -> None:
         self._service = service
         self._profile = profile
         self._admission = admission
+        self._drain = drain
         self.connect_timeout_s = connect_timeout_s
         self.calls: dict[str, Call] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -49,7 +61,7 @@ class Calls:
         sid = new_id("sess")
         call: Call | None = None
         try:
-            outbox = DataChannelOutbox(sid)
+            outbox = DataChannelOutbox(sid, OutboxLimits.of(self._profile))
             vad = await self._service.vad()
             session = Session(sid, engine, outbox, vad, profile=self._profile, admission=self._admission)
             if settings:
@@ -71,19 +83,28 @@ class Calls:
         return call, answer
 
     async def _serve(self, call: Call, on_close: Callable[[], None]) -> None:
+        drained = asyncio.create_task(self._end_at_shutdown(call), name=f"drain-{call.id}")
         try:
             await call.run(self.connect_timeout_s)
         except Exception:
             log.exception("%r failed", call)
             call.hang_up("internal error")
         finally:
+            drained.cancel()
             try:
-                await call.close()
+                await call.close()  # flushes the last events (the shutdown notice) on the data channel
             finally:
                 self.calls.pop(call.id, None)
                 self._service.release(call.session.id)
                 on_close()
                 log.info("%r closed: %s", call, call.end_reason)
+
+    async def _end_at_shutdown(self, call: Call) -> None:
+        """The server drains: let the call's response finish (or cancel it at the drain's expiry), say
+        so on the data channel, hang up."""
+        if self._drain is not None:
+            await shutdown_notice(lambda: call.session, self._drain)
+            call.hang_up("server shutting down")
 
     def hang_up(self, call_id: str) -> bool:
         """End the call `call_id` (the client's hang-up); False if there is no such call."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiortc import RTCDataChannel
 
-from omnivoice.server.realtime.outbox import Outbox, Queued
+from omnivoice.server.realtime.outbox import Outbox, OutboxLimits, Queued, SlowConsumer
 from omnivoice.server.webrtc.tracks import PlayoutTrack
 
 LABEL = "oai-events"
@@ -21,8 +21,8 @@ class ChannelClosed(Exception):
 
 
 class DataChannelOutbox(Outbox):
-    def __init__(self, session_id: str) -> None:
-        super().__init__(self._send, session_id, beta=False)
+    def __init__(self, session_id: str, limits: OutboxLimits | None = None) -> None:
+        super().__init__(self._send, session_id, beta=False, limits=limits)
         self.channel: RTCDataChannel | None = None  # set once the client's channel is open
         self.discard = False  # a call without a data channel: events have nowhere to go
         self.track = PlayoutTrack(self._emit_playout)
@@ -35,6 +35,8 @@ class DataChannelOutbox(Outbox):
             return
         if self.channel is None or self.channel.readyState != "open":
             raise ChannelClosed(f"the {LABEL} data channel is closed")
+        if self.channel.bufferedAmount > self.limits.max_bytes:  # SCTP buffers what the peer has not taken
+            raise SlowConsumer(f"{self.channel.bufferedAmount} bytes wait on the {LABEL} data channel")
         self.channel.send(text)  # buffered by SCTP; never blocks
 
     async def write(self, q: Queued) -> None:

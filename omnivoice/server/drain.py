@@ -1,0 +1,136 @@
+"""Graceful shutdown: on SIGTERM (or SIGINT) the server drains before it exits.
+
+    signal  -> draining: new HTTP requests get 503 `server_shutting_down`, new WebSockets are refused,
+               nothing new is admitted (chat requests, realtime responses, WebRTC calls); realtime
+               sessions with no response in flight are closed (an `error` event, then close 1001)
+            -> in-flight responses finish, for at most `server.drain_timeout_s`
+            -> expired: what is left is cancelled with a notice (SSE: a last error chunk; realtime: an
+               `error` event, then close 1001; WebRTC: the notice on the data channel, then the peer
+               closes; Twilio: close 1001)
+            -> uvicorn's own shutdown: listeners and connections closed, the lifespan stops the engine
+A second signal cuts the wait short (the rest is cancelled with the notice at once); a third exits
+without waiting for anything (uvicorn's force exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from omnivoice.server.errors import shutting_down
+
+log = logging.getLogger(__name__)
+
+NOTICE_GRACE_S = 5.0  # after expiry: time for cancelled responses to send their notice and close
+
+
+class Drain:
+    """The app's shutdown state (`app.state.drain`): `started` when the drain begins, `expired` when
+    what is still running must be cancelled."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.started = asyncio.Event()
+        self.expired = asyncio.Event()
+
+    @property
+    def draining(self) -> bool:
+        return self.started.is_set()
+
+    async def run(self, busy: Callable[[], int]) -> None:
+        """Refuse new work, wait until `busy()` (work in flight) is 0 or the timeout passes, then
+        expire: the rest is cancelled with a notice; returns once it has gone (or after a grace)."""
+        self.started.set()
+        log.info("draining: %d in flight; waiting up to %g s for them", busy(), self.timeout_s)
+        await _wait_idle(busy, self.timeout_s, self.expired)
+        if busy():
+            log.warning("drain: %d still in flight; cancelling them with a notice", busy())
+        self.expired.set()
+        await _wait_idle(busy, NOTICE_GRACE_S, None)
+        log.info("drained (%d left)", busy())
+
+
+async def _wait_idle(busy: Callable[[], int], timeout_s: float, cut: asyncio.Event | None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while busy() and time.monotonic() < deadline and not (cut is not None and cut.is_set()):
+        await asyncio.sleep(0.05)
+
+
+def in_flight(state: Any) -> int:
+    """Work the drain waits for: admitted chat requests and realtime responses, open sessions."""
+    return int(state.admission.in_flight) + len(state.realtime.sessions)
+
+
+class DrainMiddleware:
+    """While draining: new HTTP requests get 503 (`/health` too, from its route) and new WebSockets
+    are refused (an HTTP 503 where the server supports denial responses, else close 1013)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if not self.drain.draining or kind not in ("http", "websocket") or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        refusal = shutting_down()
+        if kind == "http":
+            await refusal.response()(scope, receive, send)
+            return
+        ws = WebSocket(scope, receive, send)
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await ws.send_denial_response(refusal.response())
+        else:
+            await ws.close(1013, refusal.message)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn whose first SIGTERM/SIGINT drains (`Drain.run`) before uvicorn's own graceful shutdown.
+    The signal is handled, not re-raised at exit (uvicorn's default), so the process exits 0."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, busy: Callable[[], int]) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._busy = busy
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
+        self.signals = 0
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # a signal handler: it runs between two bytecodes of the loop's thread; hand over to the loop
+        self.signals += 1
+        name = signal.Signals(sig).name
+        if self._loop is None:
+            self.should_exit = True
+        elif self.signals == 1:
+            log.info("%s: draining for up to %g s", name, self._drain.timeout_s)
+            self._loop.call_soon_threadsafe(self._start)
+        elif self.signals == 2:
+            log.warning("%s again: cancelling what is still in flight", name)
+            self._loop.call_soon_threadsafe(self._drain.expired.set)
+        else:
+            log.warning("%s again: exiting now", name)
+            self.should_exit = self.force_exit = True
+
+    def _start(self) -> None:
+        self._draining = asyncio.create_task(self._drain_then_exit(), name="drain")
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self._drain.run(self._busy)
+        finally:
+            self.should_exit = True

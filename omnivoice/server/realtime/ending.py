@@ -1,0 +1,73 @@
+"""How a realtime connection ends besides the client leaving: the client stops reading (its outbox
+fails: close 1008), or the server shuts down (the drain: the response in flight may finish, then an
+`error` event `server_shutting_down` and close 1001). Shared by the WebSocket, Twilio and WebRTC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from omnivoice.server.realtime.outbox import Outbox, SlowConsumer
+from omnivoice.server.realtime.server_events import error
+
+if TYPE_CHECKING:
+    from omnivoice.server.drain import Drain
+    from omnivoice.server.realtime.session import Session
+
+log = logging.getLogger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008  # the client did not read what it was sent
+CLOSE_ERROR = 1011
+SHUTDOWN_MESSAGE = "the server is shutting down; reconnect to continue"
+
+
+async def shutdown_notice(session: Callable[[], Session | None], drain: Drain) -> None:
+    """Return once the drain wants this connection closed: at once if no response is in flight, else
+    when it is done or the drain expires (then it is cancelled). The notice is queued on return."""
+    await drain.started.wait()
+    s = session()
+    while s is not None and s.busy and not drain.expired.is_set():
+        await asyncio.sleep(0.05)
+    if s is None:
+        return
+    if s.response is not None:
+        await s.response.cancel("server_shutting_down")
+    s.outbox.put(error(SHUTDOWN_MESSAGE, "server_shutting_down", type_="server_error"))
+
+
+async def serve_until_over(
+    read: Coroutine[Any, Any, None],
+    outbox: Outbox,
+    writer: asyncio.Task[None],
+    session: Callable[[], Session | None],
+    drain: Drain,
+    label: str,
+) -> int:
+    """Run the read loop until the client leaves (1000), stops reading (1008), the socket fails
+    (1011) or the server shuts down (1001); returns that close code. Read loop errors propagate."""
+    reader = asyncio.create_task(read)
+    failed = asyncio.create_task(outbox.failed.wait())
+    shutdown = asyncio.create_task(shutdown_notice(session, drain))
+    try:
+        await asyncio.wait((reader, writer, failed, shutdown), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (reader, failed, shutdown):
+            task.cancel()
+        await asyncio.gather(reader, failed, shutdown, return_exceptions=True)
+    problem = outbox.failure or (writer.exception() if writer.done() and not writer.cancelled() else None)
+    if isinstance(problem, SlowConsumer):
+        log.warning("%s: dropping a client that stopped reading: %s (close %d)", label, problem, CLOSE_POLICY)
+        return CLOSE_POLICY
+    if reader.done() and not reader.cancelled():
+        reader.result()  # raises what ended the read loop (a disconnect, an error)
+        return CLOSE_NORMAL
+    if problem is not None:
+        log.info("%s: the socket failed: %r", label, problem)
+        return CLOSE_ERROR
+    log.info("%s: closed for the server's shutdown (close %d)", label, CLOSE_GOING_AWAY)
+    return CLOSE_GOING_AWAY
