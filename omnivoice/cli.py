@@ -129,18 +129,21 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or profile.server.host
     port = profile.server.port if args.port is None else args.port
     level = args.log_level or profile.server.log_level
-    configure_logging(level)
-    from omnivoice.server.app import run_server  # the server stack, imported only for `serve`
-    from omnivoice.server.auth.keys import ApiKeys, KeyConfigError, UnsafeBind
+    from omnivoice.server.auth.keys import ApiKeys, KeyConfigError, UnsafeBind, check_bind
 
-    try:
+    try:  # before anything is logged or loaded: a server open to the network without a key never starts
         keys = ApiKeys.load(profile.auth)
-        return asyncio.run(
-            run_server(profile, host, port, level, api_keys=keys, insecure_no_auth=args.insecure_no_auth)
-        )
+        check_bind(host, keys, profile.auth, args.insecure_no_auth)
     except (KeyConfigError, UnsafeBind) as e:
         print(f"omnivoice serve: {e}", file=sys.stderr)
         return EXIT_USAGE
+    configure_logging(level)
+    from omnivoice.server.app import run_server  # the server stack, imported only for `serve`
+
+    try:
+        return asyncio.run(
+            run_server(profile, host, port, level, api_keys=keys, insecure_no_auth=args.insecure_no_auth)
+        )
     except KeyboardInterrupt:
         return 130
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from omnivoice.models.tiny import ensure_tiny_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_api_key_from_the_environment() -> Iterator[None]:
+    """Servers in tests have API keys only when a test gives them some (never the developer's)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("OMNIVOICE_API_KEY", raising=False)
+        yield
 
 
 @pytest.fixture(scope="session")

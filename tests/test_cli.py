@@ -23,7 +23,7 @@ CPU_YAML = ROOT / "configs" / "cpu.yaml"
     ("argv", "needles"),
     [
         ([], ["serve", "bench", "profile"]),
-        (["serve"], ["--profile", "--host", "--port", "--log-level"]),
+        (["serve"], ["--profile", "--host", "--log-level", "--insecure-no-auth", "OMNIVOICE_API_KEY"]),
         (["bench"], ["--base-url", "--concurrency"]),
         (["profile"], ["check"]),
         (["profile", "check"], ["PATH", "exit 2"]),
@@ -92,6 +92,23 @@ def test_serve_with_a_bad_profile_exits_2(tmp_path: Path, capsys: pytest.Capture
     path.write_text("server:\n  hots: 0.0.0.0\n")
     assert main(["serve", "--profile", str(path)]) == 2
     assert "server.hots: unknown key" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_public_host_without_a_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OMNIVOICE_API_KEY", raising=False)
+    assert main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2  # refused before binding anything
+    err = capsys.readouterr().err
+    assert "refusing to listen on 0.0.0.0 without an API key" in err
+    assert "OMNIVOICE_API_KEY" in err and "--insecure-no-auth" in err
+
+
+def test_serve_reports_an_unreadable_key_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(f"auth:\n  api_key_file: {tmp_path / 'missing'}\n")
+    assert main(["serve", "--profile", str(path)]) == 2
+    assert "auth.api_key_file: cannot read" in capsys.readouterr().err
 
 
 def test_run_server_exits_1_when_the_engine_fails(caplog: pytest.LogCaptureFixture) -> None:

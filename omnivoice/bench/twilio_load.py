@@ -11,6 +11,9 @@ drops its audio and echoes the pending marks at once. Per turn, on one monotonic
   includes the VAD's silence wait; Twilio has no speech_stopped, so no split into parts);
 - stall: the longest wait of a player that starts at the first frame (bench.metrics.playback_stall).
 
+With `--api-key`, each call first fetches the TwiML webhook with the key, as Twilio does, and sends
+the one-use stream token it holds in its `start` (a server with keys refuses streams without one).
+
 Twilio has no end-of-response message: a turn ends once the player has played all the answer, known
 from `audio_frames` when it is fixed (80 ms each), else when no media has come for QUIET_S (a slow
 server that pauses longer mid-answer gets interrupted by the next turn).
@@ -26,7 +29,9 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+from xml.etree import ElementTree as ET
 
+import httpx
 import numpy as np
 import soxr
 import websockets
@@ -66,9 +71,11 @@ class TwilioCaller:
         self._last_media = 0.0
 
     async def run(self) -> None:
+        token = await self._stream_token() if self.cfg.api_key else None
         async with websockets.connect(self.cfg.url, max_size=None) as ws:
             await ws.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
-            await self._send(ws, {"event": "start", "start": self._start(), "streamSid": self.stream_sid})
+            start = self._start(token)
+            await self._send(ws, {"event": "start", "start": start, "streamSid": self.stream_sid})
             reader = asyncio.create_task(self._read(ws))
             try:
                 await self._speak(ws)
@@ -77,8 +84,21 @@ class TwilioCaller:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
 
-    def _start(self) -> dict[str, Any]:
+    async def _stream_token(self) -> str | None:
+        """The one-use stream token of the TwiML webhook (what Twilio fetches before the stream)."""
+        twiml = self.cfg.url.replace("wss://", "https://", 1).replace("ws://", "http://", 1) + "/twiml"
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.get(twiml, headers={"Authorization": f"Bearer {self.cfg.api_key}"})
+        r.raise_for_status()
+        for param in ET.fromstring(r.text).iter("Parameter"):
+            if param.get("name") == "omnivoice_token":
+                return param.get("value")
+        return None
+
+    def _start(self, token: str | None = None) -> dict[str, Any]:
         params: dict[str, Any] = {"silence_duration_ms": self.cfg.silence_ms}
+        if token:
+            params["omnivoice_token"] = token
         if self.cfg.max_output_tokens:
             params["max_output_tokens"] = self.cfg.max_output_tokens
         if self.cfg.audio_frames:

@@ -1,6 +1,7 @@
-"""Keys never reach the logs: a logging filter that masks the API keys and any client secret or
-stream token in a record's message, whatever logged it (uvicorn logs WebSocket paths with their
-query strings, where a confused client may have put a key)."""
+"""Keys never reach the logs: a logging filter that masks the API keys, any client secret or stream
+token, and whatever follows `Bearer`, `Basic`, the key subprotocol or a `key=`/`token=` query
+parameter (right or wrong keys alike), in a record's message, whatever logged it: uvicorn logs
+WebSocket paths with their query strings, and at debug level the handshake's headers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from collections.abc import Iterable
 
 MASK = "***"
 _TOKENS = re.compile(r"\b(ek|tw)_[A-Za-z0-9_-]{8,}")  # client secrets, Twilio stream tokens
+_VALUE = r"[^\s,;\"'&]+"
+_CREDENTIALS = [
+    re.compile(rf"\b((?:[Bb]earer|BEARER|Basic|BASIC)\s+){_VALUE}"),  # Authorization headers
+    re.compile(rf"(openai-insecure-api-key\.){_VALUE}"),  # the browsers' key subprotocol
+    re.compile(rf"(?i)([?&](?:api[_-]?key|key|token|access_token)=){_VALUE}"),  # query strings
+]
 
 
 class RedactSecrets(logging.Filter):
@@ -20,6 +27,8 @@ class RedactSecrets(logging.Filter):
     def redact(self, text: str) -> str:
         for key in self._keys:
             text = text.replace(key, MASK)
+        for pattern in _CREDENTIALS:
+            text = pattern.sub(rf"\g<1>{MASK}", text)
         return _TOKENS.sub(lambda m: f"{m.group(1)}_{MASK}", text)
 
     def filter(self, record: logging.LogRecord) -> bool:
