@@ -51,7 +51,9 @@ async def _open(calls: Calls, engine: Any, offer: str, settings: Any, lease: Ses
     try:
         return await calls.open(engine, offer, settings, on_close=lease.release)
     except SessionLimitReached as e:
-        raise APIError(429, str(e), type="rate_limit_error", code="session_limit_reached") from None
+        raise APIError(  # capacity, like chat's server_overloaded: 503, retry shortly
+            503, str(e), type="server_error", code="session_limit_reached", headers={"Retry-After": "1"}
+        ) from None
     except p.ProtocolError as e:
         raise bad_request(e.message, param=e.param, code=e.code) from None
     except (ValueError, AssertionError) as e:  # aiortc rejects malformed or unsupported offers so

@@ -74,7 +74,8 @@ async def test_json_offer_session_limit_and_hang_up(srv: FakeServer, offer: str)
     location = r.headers["location"]
     assert location.startswith("/v1/realtime/calls/rtc_")
     busy = post(srv, offer)  # max_sessions=1
-    assert busy.status_code == 429 and busy.json()["error"]["code"] == "session_limit_reached"
+    assert busy.status_code == 503 and busy.json()["error"]["code"] == "session_limit_reached"
+    assert busy.headers["retry-after"] == "1"
     assert httpx.post(f"{srv.url}{location}/hangup").status_code == 200
     await released(srv)
     assert httpx.post(f"{srv.url}/v1/realtime/calls/rtc_nope/hangup").status_code == 404
