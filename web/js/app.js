@@ -1,6 +1,10 @@
 // The voice-chat page: start/stop, the transcript, levels, and the latency of each turn (end of the
 // user's speech, `input_audio_buffer.speech_stopped`, to the first audio back). `window.omnivoice`
 // exposes the page's state to tests and the console.
+//
+// A server with API keys needs one to mint the page's client secret: the key field appears when the
+// server answers 401 (or a key is stored) and keeps the key in this browser's localStorage. The key
+// only mints short-lived client secrets (ek_...); the sessions themselves use the secret.
 
 import { levelMeter, openMicrophone } from "./audio.js";
 import { WebRTCTransport } from "./webrtc.js";
@@ -8,6 +12,7 @@ import { WebSocketTransport } from "./websocket.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
+const KEY_STORAGE = "omnivoice.apiKey";
 
 const page = {
   state: "idle",
@@ -149,14 +154,30 @@ function onEvent(ev) {
   }
 }
 
+function apiKey() {
+  return $("api-key").value.trim();
+}
+
+/** Show the key field (the server needs a key) and say why. */
+function askForKey(message) {
+  $("key-row").hidden = false;
+  $("api-key").focus();
+  throw new Error(message);
+}
+
 async function clientSecret() {
   let session = { type: "realtime" };
   if (params.get("session")) session = { ...session, ...JSON.parse(params.get("session")) };
+  const headers = { "Content-Type": "application/json" };
+  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
   const resp = await fetch("/v1/realtime/client_secrets", {
     method: "POST",
-    headers: { "Content-Type": "application/json" },
+    headers,
     body: JSON.stringify({ expires_after: { anchor: "created_at", seconds: 600 }, session }),
   });
+  if (resp.status === 401) {
+    askForKey(apiKey() ? "the server refused this API key" : "this server needs an API key: enter it above");
+  }
   if (!resp.ok) throw new Error(`client secret: ${resp.status} ${await resp.text()}`);
   return (await resp.json()).value;
 }
@@ -233,5 +254,14 @@ function meters() {
 }
 
 document.querySelector(`input[name="mode"][value="${page.mode}"]`).checked = true;
+const storedKey = localStorage.getItem(KEY_STORAGE);
+if (storedKey) {
+  $("api-key").value = storedKey;
+  $("key-row").hidden = false;
+}
+$("api-key").addEventListener("input", () => {
+  if (apiKey()) localStorage.setItem(KEY_STORAGE, apiKey());
+  else localStorage.removeItem(KEY_STORAGE);
+});
 $("talk").addEventListener("click", () => (transport ? stop() : start()));
 page.ready = true;

@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import pytest
 
+from ..auth.common import KEY, serve_keyed
 from ..serve import ServerThread
 from .common import fixed, serve_tiny, speech_wav
 
@@ -127,3 +128,34 @@ def wait_released(server: ServerThread, timeout: float = 10.0) -> None:
     while state.webrtc.calls or state.realtime.sessions:
         assert time.monotonic() < deadline, (state.webrtc.calls, state.realtime.sessions)
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["websocket", "webrtc"])
+def test_page_on_a_server_with_api_keys(mode: str, playwright: Any) -> None:
+    """The page asks for the key when the server answers 401, keeps it in localStorage, mints a
+    client secret with it and opens the session with the secret."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+    try:
+        with serve_keyed() as srv:
+            page = browser.new_page()
+            page.goto(f"{srv.url}/?mode={mode}")
+            page.wait_for_function("window.omnivoice && window.omnivoice.ready")
+            assert page.is_hidden("#key-row")  # nothing asks for a key until the server does
+            page.click("#talk")
+            page.wait_for_function("window.omnivoice.state === 'failed'", timeout=TIMEOUT_MS)
+            assert page.is_visible("#key-row")
+            assert "needs an API key" in page.evaluate("window.omnivoice.errors")[-1]["message"]
+            page.fill("#api-key", KEY)
+            page.click("#talk")
+            connected = "window.omnivoice.state === 'connected'"
+            page.wait_for_function(
+                f"window.omnivoice.events.includes('session.created') && {connected}", timeout=TIMEOUT_MS
+            )
+            assert srv.app.state.realtime.sessions
+            page.click("#talk")  # hang up
+            page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
+            page.reload()  # the key is remembered
+            page.wait_for_function("window.omnivoice && window.omnivoice.ready")
+            assert page.is_visible("#key-row") and page.input_value("#api-key") == KEY
+    finally:
+        browser.close()
