@@ -65,7 +65,7 @@ class Message(_Lenient):
         if isinstance(v, list):
             for part in v:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind in _UNSUPPORTED_PARTS:
+                if isinstance(kind, str) and kind in _UNSUPPORTED_PARTS:  # a list or dict is unhashable
                     raise ValueError(f"{kind!r} content is not supported by this model (text and audio only)")
         elif v is not None:
             raise ValueError("must be a string or a list of content parts")
@@ -92,7 +92,7 @@ class ChatRequest(_Lenient):
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)  # OpenAI's int64; torch takes no more
     n: int | None = None
     # Fixed-length benchmarking: vLLM's `min_tokens` / `ignore_eos`, and omnivoice's codec-frame bounds.
     min_tokens: int | None = Field(None, ge=0)
