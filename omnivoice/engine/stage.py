@@ -101,6 +101,7 @@ class StageWorker:
 
     def run(self) -> None:
         name = self.runner.name
+        _own_cuda_stream(self.runner)
         self.engine.put(StageReady(name, self.replica))
         log.info("%s stage ready (replica %d)", name, self.replica)
         while True:
@@ -212,3 +213,17 @@ def _request_id(msg: Any) -> str:
     if isinstance(msg, NewRequest):
         return msg.request.request_id
     return str(getattr(msg, "request_id", "?"))
+
+
+def _own_cuda_stream(runner: Any) -> None:
+    """On a GPU each stage issues its work on a stream of its own (the current stream is per thread):
+    a stage waiting for its results (one sync per step) then waits for its own kernels only, and the
+    stages' kernels can run side by side. Stages hand each other host data, never device tensors."""
+    device = getattr(runner, "device", None)
+    if device is None or str(device).split(":")[0] != "cuda":
+        return
+    import torch
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # what building the runner queued comes first
+    torch.cuda.set_stream(stream)

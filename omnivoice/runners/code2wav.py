@@ -95,28 +95,37 @@ class Code2WavRunner:
     @torch.inference_mode()
     def step(self) -> list[Any]:
         outs: list[Any] = []
+        windows: dict[int, list[tuple[str, _Stream, int, int]]] = {}  # window length -> chunks
         n = 0
         for rid, st in list(self.streams.items()):
             if n >= self.cfg.max_batch:
                 break
             end = self._target(st)
             if end > 0:
-                outs.append(self._decode(rid, st, end))
+                start = max(0, st.decoded_to - self.chunk.left_context)
+                windows.setdefault(end - start, []).append((rid, st, start, end))
                 n += 1
-            if st.finished and st.decoded_to >= st.total:
+            elif st.finished and st.decoded_to >= st.total:
                 outs.append(StageFinished(rid, "code2wav", "stop", st.total))
                 del self.streams[rid]
+        for chunks in windows.values():  # same-length windows decode together, in one forward
+            outs += self._decode(chunks)
         self._last_batch = n
         self._steps += 1
         return outs
 
-    def _decode(self, rid: str, st: _Stream, end: int) -> PcmOutput:
-        start = max(0, st.decoded_to - self.chunk.left_context)
-        codes = torch.from_numpy(st.all_codes()[:, start:end]).to(self.device)[None]  # [1, G, n]
-        wav = self.model(codes)[0, 0].float().cpu().numpy()  # [samples]
-        window_end = start * self.upsample + wav.shape[0]  # absolute sample where this decode stops
-        pcm = wav[st.emitted - start * self.upsample :]
-        st.emitted = window_end
-        st.decoded_to = end
-        st.chunks += 1
-        return PcmOutput(rid, st.chunks - 1, pcm.copy())
+    def _decode(self, chunks: list[tuple[str, _Stream, int, int]]) -> list[Any]:
+        codes = np.stack([st.all_codes()[:, start:end] for _, st, start, end in chunks])  # [B, G, n]
+        wavs = self.model(torch.from_numpy(codes).to(self.device))[:, 0].float().cpu().numpy()  # [B, samples]
+        outs: list[Any] = []
+        for (rid, st, start, end), wav in zip(chunks, wavs, strict=True):
+            window_end = start * self.upsample + wav.shape[0]  # absolute sample where this decode stops
+            pcm = wav[st.emitted - start * self.upsample :]
+            st.emitted = window_end
+            st.decoded_to = end
+            st.chunks += 1
+            outs.append(PcmOutput(rid, st.chunks - 1, pcm.copy()))
+            if st.finished and st.decoded_to >= st.total:
+                outs.append(StageFinished(rid, "code2wav", "stop", st.total))
+                del self.streams[rid]
+        return outs

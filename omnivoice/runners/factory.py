@@ -43,6 +43,8 @@ def build_runners(
     else:
         loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
         model, spec = loaded.model, loaded.spec
+    if any(stages.stage(s).replica_device(r).startswith("cuda") for s, r in only):
+        _grouped_experts(model)
     placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
     runners: dict[StageReplica, Any] = {}
     for name, replica in only:
@@ -62,6 +64,19 @@ def build_runners(
         runners[(name, replica)] = _runner(name, cfg, part, model, spec, stages, device)
     log.info("runners ready: %s", names)
     return runners
+
+
+def _grouped_experts(model: Any) -> None:
+    """MoE experts as grouped GEMMs on GPUs: a few kernels per layer and no host sync (so decode steps
+    can be captured as CUDA graphs), instead of a loop over the experts a batch hits."""
+    setter = getattr(model, "set_experts_implementation", None)
+    if setter is None:
+        log.warning("this transformers has no set_experts_implementation: MoE experts run as it chooses")
+        return
+    setter("grouped_mm")
+    text = getattr(getattr(model, "config", None), "thinker_config", None)
+    chosen = getattr(getattr(text, "text_config", None), "_experts_implementation", "?")
+    log.info("MoE experts: %s", chosen)
 
 
 def _runner(

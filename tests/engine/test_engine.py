@@ -224,7 +224,11 @@ async def test_process_workers_match_thread_workers(tiny_checkpoint: Path) -> No
         await eng.close()
     for (p_outs, _), (t_outs, _) in zip(proc, thread, strict=True):
         assert tokens_of(p_outs) == tokens_of(t_outs)
-        np.testing.assert_array_equal(audio_of(p_outs), audio_of(t_outs))
+        # code2wav decodes same-length windows of several requests together, and which chunks share a
+        # forward depends on timing: a batched convolution may round differently in the last bits
+        a, b = audio_of(p_outs), audio_of(t_outs)
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
     assert {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} - shm_before == set()
 
 

@@ -1,0 +1,95 @@
+"""Fixed-shape decode steps: buckets, padding rows on the scratch KV slot, and CUDA graphs on a GPU.
+
+On the CPU steps run at their exact size; padding is what the GPU path does (and what its graphs
+replay), so the CPU tests switch it on and check that it changes no token and no codec frame.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
+from omnivoice.bench.parity import compare, drive, graph_steps
+from omnivoice.config import ProfileError, parse_profile
+from omnivoice.models.dummy import NEWLINE_ID
+from omnivoice.runners.factory import build_runners
+from omnivoice.runners.graphs import batch_buckets, bucket, kv_buckets
+
+
+def test_buckets_cover_every_size_up_to_the_limit() -> None:
+    assert batch_buckets(32) == (1, 2, 4, 8, 16, 24, 32)
+    assert batch_buckets(5) == (1, 2, 4, 5)
+    assert batch_buckets(1) == (1,)
+    assert kv_buckets(512) == (128, 256, 512)
+    assert kv_buckets(300) == (128, 256, 300)
+    assert kv_buckets(100) == (100,)
+    for n in range(1, 33):
+        assert n <= bucket(n, batch_buckets(32)) < 2 * n + 8
+    with pytest.raises(ValueError, match="exceeds the largest bucket"):
+        bucket(33, batch_buckets(32))
+
+
+def test_cuda_graph_execution_needs_a_cuda_device() -> None:
+    with pytest.raises(ProfileError, match="cuda_graph needs CUDA devices"):
+        parse_profile({"stages": {"talker": {"execution": "cuda_graph"}}})
+    with pytest.raises(ProfileError, match="code2wav runs eagerly only"):
+        parse_profile({"stages": {"code2wav": {"device": "cuda:0", "execution": "cuda_graph"}}})
+    ok = parse_profile({"stages": {"talker": {"device": "cuda:0", "execution": "cuda_graph"}}})
+    assert ok.stages.talker.execution == "cuda_graph"
+
+
+def _profile(checkpoint: Path, device: str, execution: str):
+    stage = {"device": device, "execution": execution, "worker": "thread", "max_batch": 8, "max_seq_len": 512}
+    return parse_profile(
+        {
+            "model": {"path": str(checkpoint)},
+            "stages": {
+                "thinker": {**stage, "sampling": {"temperature": 0.0}},
+                "talker": {**stage, "sampling": {"temperature": 0.0}},
+            },
+        }
+    )
+
+
+def _requests(profile, spec, n: int, frames: int = 12):
+    cfg = EngineLoadConfig(n, n, 0, prompt_tokens=24, text_tokens=10, audio_frames=frames)
+    return make_requests(profile, spec, cfg, NEWLINE_ID, n, "bucket")
+
+
+def test_padded_steps_give_the_same_tokens_and_frames_as_exact_ones(tiny_checkpoint: Path) -> None:
+    """Five requests pad to a batch of 8 (three rows on the scratch slot) and to a KV length of 128."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    thinker, talker = runners[("thinker", 0)], runners[("talker", 0)]
+    requests = _requests(profile, thinker.spec, 5)
+    exact = drive(thinker, talker, requests)
+    assert thinker.decode_step.rows(5) == 5
+    thinker.decode_step.pad = talker.decode_step.pad = True
+    assert thinker.decode_step.rows(5) == 8
+    padded = drive(thinker, talker, requests)
+    result = compare(exact, padded)
+    assert result["identical"], result
+    assert all(r["tokens"] == 10 and r["frames"] == 12 for r in result["requests"])
+    # every slot is back, and the scratch slot was never handed out
+    assert thinker.cache.free_slots == thinker.cache.k.shape[1] - 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graphs_give_the_same_greedy_tokens_and_frames_as_eager(tiny_checkpoint: Path) -> None:
+    profile = _profile(tiny_checkpoint, "cuda:0", "cuda_graph")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    thinker, talker = runners[("thinker", 0)], runners[("talker", 0)]
+    requests = _requests(profile, thinker.spec, 5, frames=40)
+    steps = graph_steps(thinker) + graph_steps(talker)
+    assert all(s.captured for s in steps)  # captured at build
+    for s in steps:
+        s.enabled = False
+    eager = drive(thinker, talker, requests)
+    for s in steps:
+        s.enabled = True
+    graphed = drive(thinker, talker, requests)
+    result = compare(eager, graphed)
+    assert result["identical"], result
