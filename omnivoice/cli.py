@@ -5,6 +5,8 @@ omnivoice bench ...                 (load benchmark; options from omnivoice.benc
 omnivoice bench engine ...          (in-process engine benchmark; options from omnivoice.bench.engine_cli)
 omnivoice bench parity ...          (CUDA-graphed vs eager: identical greedy outputs)
 omnivoice bench realtime ...        (spoken /v1/realtime sessions; options from omnivoice.bench.realtime_cli)
+omnivoice bench soak ...            (a long realtime run with barge-ins and abrupt disconnects, then a
+                                     leak check; options from omnivoice.bench.soak_cli)
 omnivoice profile check PATH
 """
 
@@ -25,7 +27,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 EXIT_USAGE = 2
 
 
-def build_parser(with_bench: bool = False, with_realtime: bool = False) -> argparse.ArgumentParser:
+def build_parser(
+    with_bench: bool = False, with_realtime: bool = False, with_soak: bool = False
+) -> argparse.ArgumentParser:
     """The full parser; the options of `bench` (HTTP) and `bench realtime` are added only when asked for
     (their imports are lazy and need packages the engine alone does not)."""
     parser = argparse.ArgumentParser(
@@ -93,6 +97,18 @@ def build_parser(with_bench: bool = False, with_realtime: bool = False) -> argpa
 
         add_realtime_arguments(realtime)
     realtime.set_defaults(func=_bench_realtime)
+    soak = modes.add_parser(
+        "soak",
+        help="a long realtime run (turns, barge-ins, abrupt disconnects), then a check that nothing leaked",
+        description="Callers talk to /v1/realtime over and over: normal turns, barge-ins and abrupt TCP "
+        "disconnects at random points. Samples the server's /v1/debug/state (loopback) during the run and "
+        "reports sessions, turns, errors, latency drift and memory; exits 1 when anything leaked.",
+    )
+    if with_soak:  # needs soxr and websockets, as bench realtime
+        from omnivoice.bench.soak_cli import add_arguments as add_soak_arguments
+
+        add_soak_arguments(soak)
+    soak.set_defaults(func=_bench_soak)
 
     profile = sub.add_parser("profile", help="work with deploy profiles", description="Deploy profile tools.")
     profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
@@ -110,9 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     positional = [a for a in args_list if not a.startswith("-")]
     # the HTTP client's options (and httpx) only for `bench` itself, not for `bench engine`
-    with_bench = positional[:1] == ["bench"] and positional[1:2] not in (["engine"], ["realtime"])
+    with_bench = positional[:1] == ["bench"] and positional[1:2] not in (["engine"], ["realtime"], ["soak"])
     try:
-        parser = build_parser(with_bench=with_bench, with_realtime=positional[:2] == ["bench", "realtime"])
+        parser = build_parser(
+            with_bench=with_bench,
+            with_realtime=positional[:2] == ["bench", "realtime"],
+            with_soak=positional[:2] == ["bench", "soak"],
+        )
     except ImportError as e:
         print(f"omnivoice bench is not available: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -164,6 +184,13 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 def _bench_realtime(args: argparse.Namespace) -> int:
     from omnivoice.bench.realtime_cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_soak(args: argparse.Namespace) -> int:
+    from omnivoice.bench.soak_cli import run
 
     configure_logging("info")
     return run(args)

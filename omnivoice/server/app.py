@@ -28,6 +28,7 @@ from omnivoice.server.auth.keys import ENV_VAR, ApiKeys, check_bind, is_loopback
 from omnivoice.server.auth.middleware import AuthMiddleware
 from omnivoice.server.auth.redact import redact_logs
 from omnivoice.server.chat import chat_completions
+from omnivoice.server.debug_state import debug_state, snapshot
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
@@ -84,6 +85,7 @@ def create_app(
             Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
+            Route("/v1/debug/state", debug_state, methods=["GET"]),
             WebSocketRoute("/v1/realtime", realtime_endpoint),
             Route("/v1/telephony/twilio/twiml", twilio_twiml, methods=["GET", "POST"]),
             WebSocketRoute("/v1/telephony/twilio", twilio_endpoint),
@@ -108,7 +110,11 @@ def create_app(
     app.state.realtime = realtime
     app.state.webrtc = calls
     app.state.auth = auth
-    app.state.metrics = Metrics(in_flight=lambda: admission.in_flight, engine_stats=lifecycle.stats)
+    app.state.metrics = Metrics(
+        in_flight=lambda: admission.in_flight,
+        engine_stats=lifecycle.stats,
+        server_state=lambda: snapshot(app.state),
+    )
     return app
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -55,10 +56,72 @@ class EngineStatsCollector(Collector):
         yield from (queued, running, batch, steps, active)
 
 
-class Metrics:
-    """All metrics of one app. `in_flight` and `engine_stats` are read at scrape time."""
+class ServerStateCollector(Collector):
+    """Reads the server's state (`debug_state.snapshot`) at scrape time: open sessions by transport,
+    each stage worker's request tables, and the processes' memory, fds and shared-memory segments."""
 
-    def __init__(self, in_flight: Callable[[], int], engine_stats: Callable[[], EngineStats | None]) -> None:
+    def __init__(self, get_state: Callable[[], dict[str, Any]]) -> None:
+        self._get_state = get_state
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._get_state()
+        rt = state["realtime"]
+        sessions = GaugeMetricFamily(
+            "omnivoice_realtime_sessions", "Open realtime sessions by transport", labels=["transport"]
+        )
+        transports = (("websocket", "websocket"), ("webrtc", "webrtc_calls"), ("twilio", "twilio_calls"))
+        for transport, key in transports:
+            sessions.add_metric([transport], rt[key])
+        slots = GaugeMetricFamily("omnivoice_realtime_reserved_slots", "Realtime session slots held")
+        slots.add_metric([], rt["reserved_slots"])
+        proc = state["process"]
+        rss = GaugeMetricFamily(
+            "omnivoice_process_resident_memory_bytes", "Resident memory by process", labels=["process"]
+        )
+        fds = GaugeMetricFamily(
+            "omnivoice_process_open_fds", "Open file descriptors by process", labels=["process"]
+        )
+        rss.add_metric(["server"], proc["rss_bytes"])
+        fds.add_metric(["server"], proc["open_fds"])
+        tasks = GaugeMetricFamily("omnivoice_asyncio_tasks", "asyncio tasks of the server's event loop")
+        tasks.add_metric([], proc["asyncio_tasks"])
+        shm = GaugeMetricFamily("omnivoice_shm_segments", "Shared-memory segments of the server's connectors")
+        shm.add_metric([], proc["shm_segments"])
+        yield from (sessions, slots, tasks, shm)
+        engine = state["engine"]
+        if engine is not None:
+            tables = GaugeMetricFamily(
+                "omnivoice_stage_requests",
+                "Entries of a stage worker's per-request tables (tombstones: recently aborted ids)",
+                labels=["stage", "replica", "table"],
+            )
+            for w in engine["workers"]:
+                stage, replica = w["name"], str(w["replica"])
+                for table in ("queued", "running", "routes", "tombstones", "prefixes", "kv_slots_used"):
+                    tables.add_metric([stage, replica, table], w[table])
+                if w["pid"] and w["pid"] != proc["pid"]:  # a process of its own
+                    rss.add_metric([f"{stage}-{replica}"], w["rss_bytes"])
+                    fds.add_metric([f"{stage}-{replica}"], w["open_fds"])
+            conversations = GaugeMetricFamily(
+                "omnivoice_engine_conversations", "Conversations the engine routes to a thinker replica"
+            )
+            conversations.add_metric([], engine["conversations"])
+            yield from (tables, conversations)
+        yield from (rss, fds)
+
+
+class Metrics:
+    """All metrics of one app. `in_flight`, `engine_stats` and `server_state` are read at scrape time."""
+
+    def __init__(
+        self,
+        in_flight: Callable[[], int],
+        engine_stats: Callable[[], EngineStats | None],
+        server_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -89,6 +152,8 @@ class Metrics:
         self.completion_tokens = Counter("omnivoice_completion_tokens", "Text tokens generated", registry=r)
         self.audio_seconds = Counter("omnivoice_audio_seconds", "Seconds of audio generated", registry=r)
         r.register(EngineStatsCollector(engine_stats))
+        if server_state is not None:
+            r.register(ServerStateCollector(server_state))
 
     def start_request(self) -> RequestTimer:
         return RequestTimer(self)

@@ -172,6 +172,9 @@ class FakeEngine:
         stages = tuple(StageStats(name, 0, running, running, 7) for name in ("thinker", "talker", "code2wav"))
         return EngineStats(stages=stages, active_requests=running)
 
+    def replica_stats(self) -> tuple[StageStats, ...]:
+        return self.stats().stages
+
     async def close(self) -> None:
         self.closed = True
 

@@ -80,15 +80,16 @@ def wait_until_healthy(base_url: str, timeout: float) -> None:
 
 
 @contextmanager
-def serve_tiny(checkpoint: Path, **sections: Any) -> Iterator[ServerThread]:
-    """The tiny model (thread workers, for a quick start) behind a real uvicorn server on loopback.
+def serve_tiny(checkpoint: Path, worker: str = "thread", **sections: Any) -> Iterator[ServerThread]:
+    """The tiny model behind a real uvicorn server on loopback; thread workers (the default) start
+    quickest, `worker="process"` runs each stage in its own process (shared-memory connectors).
 
     `sections` adds profile sections (e.g. `realtime={"max_buffer_seconds": 30}`).
     """
     from omnivoice.config import parse_profile
     from omnivoice.server import create_app
 
-    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
+    stage = {"worker": worker, "max_seq_len": 1024, "max_batch": 4}
     profile = parse_profile(
         {
             "model": {"path": str(checkpoint)},

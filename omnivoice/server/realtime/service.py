@@ -38,6 +38,11 @@ class RealtimeService:
             )
         self._reserved += 1
 
+    @property
+    def reserved(self) -> int:
+        """Session slots held (a session, call or Twilio stream that has not yet ended)."""
+        return self._reserved
+
     def release(self, session_id: str | None) -> None:
         self._reserved -= 1
         if session_id is not None:

@@ -1,0 +1,49 @@
+"""`GET /v1/debug/state` and its /metrics gauges: sessions, engine tables and process figures."""
+
+from __future__ import annotations
+
+import httpx
+from starlette.testclient import TestClient
+
+from omnivoice.config import parse_profile
+from omnivoice.server import create_app
+
+from .fake_engine import FakeEngine, serve_fake
+
+
+def test_state_lists_sessions_engine_tables_and_process_figures() -> None:
+    with serve_fake() as s:
+        state = httpx.get(f"{s.url}/v1/debug/state").json()
+        metrics = httpx.get(f"{s.url}/metrics").text
+    assert state["realtime"] == {
+        "sessions": 0,
+        "websocket": 0,
+        "webrtc_calls": 0,
+        "twilio_calls": 0,
+        "reserved_slots": 0,
+    }
+    assert state["requests_in_flight"] == 0
+    engine = state["engine"]
+    assert engine["active_requests"] == 0 and engine["live_requests"] == 0
+    assert [w["name"] for w in engine["workers"]] == ["thinker", "talker", "code2wav"]
+    tables = {"queued", "running", "routes", "tombstones", "prefixes", "kv_slots_used", "rss_bytes"}
+    assert tables <= engine["workers"][0].keys()
+    proc = state["process"]
+    assert proc["rss_bytes"] > 10_000_000 and proc["open_fds"] > 3 and proc["asyncio_tasks"] >= 1
+    assert proc["shm_segments"] == 0
+    for line in (
+        'omnivoice_realtime_sessions{transport="websocket"} 0.0',
+        "omnivoice_realtime_reserved_slots 0.0",
+        'omnivoice_stage_requests{replica="0",stage="talker",table="tombstones"} 0.0',
+        "omnivoice_shm_segments 0.0",
+        'omnivoice_process_resident_memory_bytes{process="server"}',
+        'omnivoice_process_open_fds{process="server"}',
+    ):
+        assert line in metrics
+
+
+def test_state_is_refused_to_other_than_loopback_clients() -> None:
+    app = create_app(parse_profile({}), FakeEngine.factory(None, engines=[]))
+    with TestClient(app) as client:  # its client address is "testclient"
+        r = client.get("/v1/debug/state")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
