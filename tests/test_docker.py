@@ -88,6 +88,8 @@ def test_compose_runs_the_cuda_image_on_a_reserved_gpu_with_the_checkpoint_read_
     (gpu,) = svc["deploy"]["resources"]["reservations"]["devices"]
     assert gpu["driver"] == "nvidia" and gpu["capabilities"] == ["gpu"]
     assert svc["ports"] == ["8000:8000"]
+    # it listens on 0.0.0.0, which the server refuses without an API key: compose insists on one
+    assert svc["environment"]["OMNIVOICE_API_KEY"].startswith("${OMNIVOICE_API_KEY:?")
 
 
 def test_readme_container_commands_name_the_files_there_are() -> None:
