@@ -206,13 +206,13 @@ class RateLimitConfig(_Strict):
     """Per API key (a client secret counts against the key that minted it); null: no limit."""
 
     requests_per_minute: int | None = Field(
-        None, ge=1, description="HTTP requests and realtime connections per minute (a token bucket)"
+        default=None, ge=1, description="HTTP requests and realtime connections per minute (a token bucket)"
     )
     burst: int | None = Field(
-        None, ge=1, description="bucket size: requests at once (null: requests_per_minute)"
+        default=None, ge=1, description="bucket size: requests at once (null: requests_per_minute)"
     )
     max_sessions: int | None = Field(
-        None, ge=1, description="realtime sessions open at once (WebSocket, WebRTC and phone calls)"
+        default=None, ge=1, description="realtime sessions open at once (WebSocket, WebRTC and phone calls)"
     )
 
 
@@ -222,14 +222,20 @@ class AuthConfig(_Strict):
     The keys come from the OMNIVOICE_API_KEY environment variable (comma-separated) and/or
     `api_key_file`; never from the profile itself, so profiles can be committed."""
 
-    api_key_file: str | None = Field(None, description="file of API keys, one per line (# comments)")
-    public_metrics: bool = Field(False, description="serve /metrics without a key (for a Prometheus scrape)")
+    api_key_file: str | None = Field(
+        default=None,
+        description="file of API keys, one per line (# comments); relative to the working directory",
+    )
+    public_metrics: bool = Field(
+        default=False, description="serve /metrics without a key (for a Prometheus scrape)"
+    )
     allowed_origins: list[str] = Field(
         default_factory=list,
         description="browser origins (scheme://host[:port]) allowed besides the server's own; '*' for any",
     )
     allow_unauthenticated_remote: bool = Field(
-        False, description="with no key configured, still bind a non-loopback host (anyone can use it)"
+        default=False,
+        description="with no key configured, still bind a non-loopback host (anyone can use it)",
     )
     rate_limit: RateLimitConfig = RateLimitConfig()
 
