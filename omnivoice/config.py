@@ -186,7 +186,8 @@ class RealtimeConfig(_Strict):
         8 * 1024 * 1024,
         ge=64 * 1024,
         description="server events (mostly audio) queued for a client that does not read them; over it "
-        "the client is dropped (close 1008) and its response aborted",
+        "the client is dropped (close 1008) and its response aborted. Keep it above the audio sent ahead "
+        "plus one vocoder chunk (2 s of pcm16 is ~128 KB of base64)",
     )
 
 
