@@ -30,6 +30,7 @@ from omnivoice.server.errors import shutting_down
 
 log = logging.getLogger(__name__)
 
+CLOSE_TRY_AGAIN = 1013
 NOTICE_GRACE_S = 5.0  # after expiry: time for cancelled responses to send their notice and close
 
 
@@ -72,7 +73,7 @@ def in_flight(state: Any) -> int:
 
 class DrainMiddleware:
     """While draining: new HTTP requests get 503 (`/health` too, from its route) and new WebSockets
-    are refused (an HTTP 503 where the server supports denial responses, else close 1013)."""
+    are closed 1013 (try again later) right after the handshake, the reason in the close frame."""
 
     def __init__(self, app: ASGIApp, drain: Drain) -> None:
         self.app = app
@@ -87,11 +88,10 @@ class DrainMiddleware:
         if kind == "http":
             await refusal.response()(scope, receive, send)
             return
+        # accepted, then closed with the reason: uvicorn logs an HTTP denial of a WebSocket as an error
         ws = WebSocket(scope, receive, send)
-        if "websocket.http.response" in scope.get("extensions", {}):
-            await ws.send_denial_response(refusal.response())
-        else:
-            await ws.close(1013, refusal.message)
+        await ws.accept()
+        await ws.close(CLOSE_TRY_AGAIN, refusal.message)
 
 
 class DrainingServer(uvicorn.Server):

@@ -98,8 +98,9 @@ class EventStreamResponse:
             watch = asyncio.ensure_future(wait_for_disconnect(receive))
             stopped = asyncio.ensure_future(self._stop.wait())
             tasks = (stream, watch, stopped)
+            first: set[asyncio.Future[Any]] = set()
             try:
-                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                first, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for task in tasks:
                     task.cancel()
@@ -110,7 +111,7 @@ class EventStreamResponse:
                 log.warning("%s: the client read nothing for %g s; dropped", self._label, wait)
             elif error is not None:
                 raise error
-            elif stream.cancelled() and not watch.done() and self._stop.is_set():
+            elif first == {stopped}:  # told to stop (shutdown) while streaming, the client still there
                 await self._events.aclose()  # abort the engine request before saying goodbye
                 with contextlib.suppress(SlowReader):
                     await self._send(send, self._farewell, more=False)
