@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import websockets
+import yaml
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
@@ -88,3 +96,139 @@ async def test_drain_refuses_new_work_lets_responses_finish_and_cuts_the_rest() 
         assert len(engine.aborted) == 1 and engine.running == set()
         registry = state.metrics.registry
         assert registry.get_sample_value("omnivoice_requests_total", {"status": "cancelled"}) == 1
+
+
+# ---- `omnivoice serve` as a real process, SIGTERM ---------------------------------------------------
+
+
+def _descendants(pid: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class ServeProcess:
+    """`python -m omnivoice serve --profile PATH` with its log read in the background."""
+
+    def __init__(self, profile: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "OMNIVOICE_API_KEY"}
+        cmd = [sys.executable, "-m", "omnivoice", "serve", "--profile", str(profile)]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.lines: list[str] = []
+        self.port: int | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            found = re.search(r"omnivoice serving \S+ on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float) -> str:
+        self._ready.wait(timeout)
+        assert self.port is not None, "".join(self.lines[-40:])
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    stage = {"max_seq_len": 1024}  # worker: process (the default): stage processes and shared memory
+    profile = {
+        "model": {"path": str(tiny_checkpoint)},
+        "server": {"port": 0, "drain_timeout_s": 4.0},
+        "realtime": {"max_audio_ahead_ms": 600_000},
+        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+    }
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    server = ServeProcess(path)
+    try:
+        url = await asyncio.to_thread(server.wait_ready, 240)
+        pid = server.proc.pid
+        children = _descendants(pid)
+        assert children  # the stage processes
+        long_chat = {
+            "messages": [{"role": "user", "content": "hello"}],
+            "stream": True,
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "pcm16"},
+            "max_tokens": 16,
+            "min_tokens": 16,
+            "min_audio_frames": 900,  # 72 s of audio: still streaming when the drain expires
+            "max_audio_frames": 900,
+        }
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=60) as c,
+            c.stream("POST", "/v1/chat/completions", json=long_chat) as stream,
+            client(url).realtime.connect(model="omnivoice") as conn,
+        ):
+            lines = stream.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")
+            rec = Recorder(conn)
+            await rec.next("session.created")
+            short = {"type": "realtime", "omnivoice": {"min_output_tokens": 4, "output_audio_frames": 24}}
+            await conn.session.update(session=short)  # type: ignore[arg-type]
+            await conn.conversation.item.create(item=ITEM)  # type: ignore[arg-type]
+            await rec.next("conversation.item.done")
+            await conn.response.create()
+            await rec.next("response.created")
+
+            t0 = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as fresh:
+                r = await fresh.get("/v1/models")
+                while r.status_code == 200 and time.monotonic() - t0 < 2:  # the signal is on its way
+                    await asyncio.sleep(0.02)
+                    r = await fresh.get("/v1/models")
+                assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down"
+
+            done = (await rec.next("response.done", timeout=30)).response  # the response in flight ends
+            assert done.status in ("completed", "incomplete"), done.status_details
+            assert (await rec.next("error", timeout=30)).error.code == "server_shutting_down"
+            await asyncio.wait_for(rec._task, 30)
+            assert conn._connection.close_code == 1001
+
+            rest = [line async for line in lines if line]  # cut at the drain's expiry, with the notice
+            assert rest[-1] == "data: [DONE]", rest[-3:]
+            assert json.loads(rest[-2].removeprefix("data: "))["error"]["code"] == "server_shutting_down"
+            assert 3.5 < time.monotonic() - t0 < 20
+        rc = await asyncio.to_thread(server.proc.wait, 60)
+        assert rc == 0, server.log[-3000:]
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not [c for c in children if _alive(c)], "stage processes left behind"
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"omnivoice{pid}_")]
+    assert "draining" in server.log and "Traceback" not in server.log, server.log[-3000:]
