@@ -28,6 +28,8 @@ from .fake_engine import FakeEngine, Script
 from .realtime.fake import client
 from .realtime.rt import Recorder
 from .serve import serve_thread
+from .telephony.carrier import call
+from .webrtc.peers import connect
 
 LONG = Script(texts=("x",) * 400, audio_chunks=0, delay=0.02)  # 8 s: cut by the drain
 SHORT = Script(texts=("y",) * 20, audio_chunks=3, delay=0.02)  # 0.5 s: finishes within it
@@ -96,6 +98,35 @@ async def test_drain_refuses_new_work_lets_responses_finish_and_cuts_the_rest() 
         assert len(engine.aborted) == 1 and engine.running == set()
         registry = state.metrics.registry
         assert registry.get_sample_value("omnivoice_requests_total", {"status": "cancelled"}) == 1
+
+
+async def test_drain_ends_webrtc_calls_and_phone_calls_with_a_notice() -> None:
+    app = create_app(parse_profile({"server": {"drain_timeout_s": 5.0}}), FakeEngine.factory(SHORT))
+    with serve_thread(app) as st:
+        state = app.state
+        rtc = await connect(st.base_url)
+        try:
+            await rtc.next("session.created")
+            async with call(st.base_url) as phone:
+                await phone.connected()
+                await phone.start()
+                while len(state.realtime.sessions) < 2:
+                    await asyncio.sleep(0.01)
+                loop = st.server.servers[0].get_loop()
+                t0 = time.monotonic()
+                drained = asyncio.run_coroutine_threadsafe(state.drain.run(lambda: in_flight(state)), loop)
+                notice = await rtc.next("error", timeout=5)  # on the data channel, then the peer closes
+                assert notice["error"]["code"] == "server_shutting_down"
+                await asyncio.wait_for(phone.closed.wait(), 5)
+                assert phone.ws.close_code == 1001
+                await asyncio.wrap_future(drained)
+                assert time.monotonic() - t0 < 3.0  # nothing was in flight: no waiting for the timeout
+            while rtc.pc.connectionState not in ("closed", "failed") and time.monotonic() - t0 < 10:
+                await asyncio.sleep(0.05)
+            assert rtc.pc.connectionState in ("closed", "failed") or rtc.channel.readyState == "closed"
+            assert not state.webrtc.calls and not state.realtime.sessions and in_flight(state) == 0
+        finally:
+            await rtc.close()
 
 
 # ---- `omnivoice serve` as a real process, SIGTERM ---------------------------------------------------
