@@ -52,7 +52,7 @@ scalars = st.one_of(
 json_values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=12,
+    max_leaves=8,
 )
 
 
@@ -74,7 +74,7 @@ def mutated(draw: st.DrawFn, base: Any, depth: int = 0) -> Any:
         for key, value in base.items():
             fates = ["keep"] * (8 if key in ("type", "event") else 3) + ["mutate", "mutate", "drop"]
             fate = draw(st.sampled_from(fates))  # the tag mostly kept: the body is what is checked
-            if fate == "keep" or (fate == "mutate" and depth > 6):
+            if fate == "keep" or (fate == "mutate" and depth > 4):
                 out[key] = value
             elif fate == "mutate":
                 out[key] = draw(mutated(value, depth + 1))
@@ -144,7 +144,7 @@ def lying_base64(draw: st.DrawFn, payloads: st.SearchStrategy[bytes] | None = No
     if how == "truncate":
         return text[: draw(st.integers(0, len(text)))]
     if how == "huge":  # cheap to build, expensive to decode
-        return draw(st.sampled_from(["AAAA", "////", "UklG"])) * draw(st.sampled_from([2**18, 2**21, 2**23]))
+        return draw(st.sampled_from(["AAAA", "////", "UklG"])) * draw(st.sampled_from([2**18, 2**21, 2**22]))
     if how == "empty":
         return ""
     if how == "text":

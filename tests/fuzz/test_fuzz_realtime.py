@@ -85,7 +85,7 @@ ERROR_CODES = {
     "invalid_json", "missing_required_parameter", "invalid_value", "unknown_parameter", "unsupported",
     "item_not_found", "input_audio_buffer_too_large", "input_audio_buffer_full",
     "input_audio_buffer_commit_empty", "conversation_already_has_active_response",
-    "response_cancel_not_active",
+    "response_cancel_not_active", "event_too_large",
 }  # fmt: skip
 
 # one client event: valid, mutated, with lying base64 audio, or raw garbage

@@ -30,6 +30,16 @@ from omnivoice.server.webrtc.tracks import read_microphone
 log = logging.getLogger(__name__)
 
 
+class OfferError(ValueError):
+    """An SDP offer that aiortc cannot parse or answer (a 400); the message says why."""
+
+
+# aiortc's SDP parser and offer/answer code fail on malformed offers with whatever the bad line causes
+# (a KeyError for an unknown a=setup, StopIteration for an unknown payload type, an AttributeError for
+# a missing transport, ...): all of these are the offer's fault, none the server's.
+_AIORTC_OFFER_ERRORS = (ValueError, LookupError, AssertionError, AttributeError, TypeError, RuntimeError)
+
+
 class Inbox:
     """What the client sent, in arrival order: microphone audio (16 kHz float32) and event texts."""
 
@@ -77,11 +87,15 @@ class Call:
         return f"call {self.id} (session {self.session.id})"
 
     async def answer(self, offer_sdp: str) -> str:
-        """The SDP answer to the client's offer."""
+        """The SDP answer to the client's offer; raises OfferError for an offer aiortc cannot take."""
         self._has_channel = "m=application" in offer_sdp
-        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-        self.pc.addTrack(self.outbox.track)
-        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            self.pc.addTrack(self.outbox.track)
+            await self.pc.setLocalDescription(await self.pc.createAnswer())
+        except _AIORTC_OFFER_ERRORS as e:
+            log.info("%r: offer refused: %r", self, e)
+            raise OfferError(str(e) or type(e).__name__) from None
         return self.pc.localDescription.sdp
 
     def hang_up(self, reason: str) -> None:

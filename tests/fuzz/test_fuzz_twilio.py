@@ -1,0 +1,169 @@
+"""Fuzz Twilio Media Streams frames: the parser, the media payload check, the call's custom
+parameters, and a whole `TwilioCall` over the fake engine. Frames are Twilio's documented messages
+with fields dropped, retyped or added, wrong event names, bad base64 payloads, wrong sequence numbers
+and stream ids, marks never sent, and raw garbage. The contract: a malformed frame is counted and
+dropped (`TwilioProtocolError`), never another exception (which would hang up the call), and the
+call goes on taking audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+from server.fake_engine import FakeEngine, FakeModelInfo, Script
+
+from omnivoice.audio.vad import SileroVad
+from omnivoice.config import parse_profile
+from omnivoice.server.realtime.session_config import SessionPatch
+from omnivoice.server.telephony import twilio_protocol as tw
+from omnivoice.server.telephony.twilio_call import CallParameters, TwilioCall
+
+from .strategies import json_values, lying_base64, mutated, pick, raw_bytes, raw_text
+
+SID = "MZ18ad3ab5a668481ce02b83e7395059f0"
+FRAME = base64.b64encode(b"\xff" * 160).decode()
+CONNECTED = {"event": "connected", "protocol": "Call", "version": "1.0.0"}
+START = {
+    "event": "start", "sequenceNumber": "1", "streamSid": SID,
+    "start": {
+        "accountSid": "AC123", "streamSid": SID, "callSid": "CA123", "tracks": ["inbound"],
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        "customParameters": {"voice": "chelsie", "instructions": "be brief", "silence_duration_ms": "300",
+                             "max_output_tokens": "20", "min_output_tokens": "2", "output_audio_frames": "3"},
+    },
+}  # fmt: skip
+MEDIA = {
+    "event": "media", "sequenceNumber": "3", "streamSid": SID,
+    "media": {"track": "inbound", "chunk": "1", "timestamp": "5", "payload": FRAME},
+}  # fmt: skip
+DTMF = {
+    "event": "dtmf",
+    "streamSid": SID,
+    "sequenceNumber": "5",
+    "dtmf": {"track": "inbound_track", "digit": "1"},
+}
+MARK = {"event": "mark", "sequenceNumber": "4", "streamSid": SID, "mark": {"name": "my label"}}
+STOP = {
+    "event": "stop",
+    "sequenceNumber": "5",
+    "streamSid": SID,
+    "stop": {"accountSid": "AC123", "callSid": "CA123"},
+}
+VALID = [CONNECTED, START, MEDIA, DTMF, MARK, STOP]
+
+media_frames = st.tuples(
+    lying_base64(st.binary(max_size=2000)), st.sampled_from(["inbound", "outbound", "x"])
+).map(lambda t: json.dumps({**MEDIA, "media": {**MEDIA["media"], "payload": t[0], "track": t[1]}}))
+sequence_numbers = st.sampled_from(["0", "-1", "x", "", "99999999999999999999"]) | json_values
+frames = pick(
+    st.sampled_from(VALID).flatmap(mutated).map(json.dumps),
+    st.sampled_from(VALID).flatmap(mutated).map(json.dumps),
+    st.sampled_from(VALID).flatmap(mutated).map(json.dumps),
+    media_frames,
+    media_frames,
+    st.tuples(st.sampled_from(VALID), sequence_numbers).map(
+        lambda t: json.dumps({**t[0], "sequenceNumber": t[1]})
+    ),
+    st.tuples(st.sampled_from(VALID), json_values).map(lambda t: json.dumps({**t[0], "event": t[1]})),
+    raw_text,
+    raw_bytes,
+)
+
+
+@given(frames)
+@example(json.dumps({**MEDIA, "media": {"payload": "\ud800"}}))  # not ASCII
+@example(json.dumps({**MEDIA, "media": {"payload": "A" * 4_000_000}}))  # huge
+@example(json.dumps({"event": ["media"]}))  # an unhashable event name
+@example(b'{"event": "media"}')  # a binary frame
+def test_a_frame_parses_or_is_a_protocol_error(frame: str | bytes) -> None:
+    try:
+        event = tw.parse_event(frame)
+        if isinstance(event, tw.Media):
+            assert 0 < len(tw.media_payload(event)) <= tw.MAX_PAYLOAD_BYTES
+    except tw.TwilioProtocolError as e:
+        assert str(e)
+
+
+@given(st.dictionaries(st.sampled_from([*START["start"]["customParameters"], "x"]) | st.text(), st.text()))
+@example({"silence_duration_ms": "-1", "max_output_tokens": "1e999", "voice": "\ud800"})
+def test_custom_parameters_keep_the_valid_ones(raw: dict[str, str]) -> None:
+    params, problems = CallParameters.parse(raw)
+    assert all(isinstance(p, str) for p in problems)
+    SessionPatch.model_validate(params.session_update())  # what the call applies is a valid patch
+
+
+# ---- a whole call ----------------------------------------------------------------------------------
+PROFILE = parse_profile({"realtime": {"max_buffer_seconds": 3.0}})
+
+
+class _Admission:
+    class _Slot:
+        def release(self) -> None:
+            pass
+
+    def acquire(self) -> _Slot:
+        return self._Slot()
+
+
+class _Service:
+    """As RealtimeService, for one call: its VAD and its sessions."""
+
+    def __init__(self, vad: SileroVad) -> None:
+        self._vad = vad
+        self.sessions: dict[str, Any] = {}
+
+    async def vad(self) -> SileroVad:
+        return self._vad
+
+
+class _Carrier:
+    """The call's WebSocket: what the server sends is recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(text)
+
+
+@pytest.fixture(scope="module")
+def vad() -> Iterator[SileroVad]:
+    yield SileroVad()
+
+
+async def _run_call(vad: SileroVad, messages: list[str | bytes]) -> TwilioCall:
+    engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
+    state = SimpleNamespace(profile=PROFILE, admission=_Admission())
+    call = TwilioCall(_Carrier(), engine, _Service(vad), state)  # type: ignore[arg-type]
+    try:
+        for message in [json.dumps(CONNECTED), *messages]:
+            if not await call.handle(message):
+                return call  # a valid stop
+        if call.session is None:
+            assert await call.handle(json.dumps({**START, "streamSid": "MZ_late", "start": {
+                **START["start"], "streamSid": "MZ_late"}}))  # fmt: skip
+        malformed = call.malformed
+        payload = base64.b64encode(b"\xff" * 1600).decode()  # 200 ms: more than the resampler holds back
+        media = {**MEDIA, "streamSid": call.stream_sid, "media": {**MEDIA["media"], "payload": payload}}
+        assert await call.handle(json.dumps(media)) and call.malformed == malformed  # still takes audio
+        assert call.session is not None and call.session.buffer.end > 0
+    finally:
+        await call.close()
+    return call
+
+
+@given(st.lists(frames, max_size=6), st.booleans())
+@example([json.dumps({**START, "start": {**START["start"], "customParameters": {"voice": 5}}})], True)
+@example([json.dumps({**MEDIA, "media": {**MEDIA["media"], "payload": "AA=="}})], True)
+def test_a_call_drops_bad_frames_and_goes_on(vad: SileroVad, messages: list, started: bool) -> None:
+    if started:
+        messages = [json.dumps(START), *messages]
+    asyncio.run(_run_call(vad, messages))
