@@ -31,6 +31,14 @@ class PromptError(ValueError):
     """The messages cannot be turned into a prompt (empty, unknown role, bad or too long audio...)."""
 
 
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class PromptBuilder:
     """Builds thinker prompts in the checkpoint's chat format; one instance per loaded checkpoint."""
 
@@ -97,6 +105,8 @@ class PromptBuilder:
                     raise PromptError(f"message {index}: audio is only accepted in user messages")
             elif not isinstance(part, TextPart):
                 raise PromptError(f"message {index}: unsupported content part {type(part).__name__}")
+            elif not _is_unicode(part.text):  # JSON's "\ud800" decodes to one; the tokenizer raises on it
+                raise PromptError(f"message {index}: the text is not valid Unicode (a lone surrogate)")
 
     def _encode(self, pieces: list[str | int]) -> list[int]:
         """Encode each maximal run of text pieces as one string; ids pass through."""

@@ -180,6 +180,11 @@ async def _run_session(vad: SileroVad, messages: list[str | bytes]) -> list[dict
         await asyncio.wait_for(writer, 10)
         final = [e for e in sent[before:] if e["type"] == "response.done"]
         assert final and final[-1]["response"]["status"] == "completed", sent[before:]
+        stages = PROFILE.stages
+        for request in engine.requests:  # what reached the engine is within what the engine takes
+            assert 1 <= request.thinker.max_tokens <= stages.thinker.max_seq_len, request.thinker
+            assert 1 <= request.talker.max_tokens <= stages.talker.sampling.max_tokens, request.talker
+            assert request.thinker.min_tokens <= request.thinker.max_tokens, request.thinker
     finally:
         await session.close()
         writer.cancel()
@@ -200,6 +205,11 @@ def _check_session_events(sent: list[dict[str, Any]]) -> None:
 @example([json.dumps({"type": "response.create", "response": {"audio": {"output": "pcm16"}}})])
 @example([json.dumps({"type": "response.create", "response": {"audio": {"output": {"voice": 7}}}})])
 @example([json.dumps({"type": "response.create", "response": {"max_output_tokens": -5}})])
+@example(  # more talker frames than the profile allows: the talker refused the request (a server error)
+    [json.dumps({"type": "session.update", "session": {"omnivoice": {"output_audio_frames": 10**30}}}),
+     json.dumps({"type": "conversation.item.create", "item": USER_ITEM}),
+     json.dumps({"type": "response.create"})]
+)  # fmt: skip
 @example([json.dumps({"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": float("nan")})])
 def test_a_session_answers_bad_events_with_errors_and_goes_on(vad: SileroVad, messages: list) -> None:
     _check_session_events(asyncio.run(_run_session(vad, messages)))

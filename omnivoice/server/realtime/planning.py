@@ -54,8 +54,9 @@ def plan_response(session: Session, r: ResponseParams | None, event_id: str | No
     )
     t = stages.talker.sampling
     talker = Sampling(t.temperature, t.top_p, t.top_k, t.repetition_penalty, t.max_tokens)
-    if s.output_audio_frames:  # a talker max of M gives M - 1 frames
-        talker = replace(talker, max_tokens=s.output_audio_frames + 1, min_tokens=s.output_audio_frames + 1)
+    if s.output_audio_frames:  # a talker max of M gives M - 1 frames; M is at most the profile's
+        frames = min(s.output_audio_frames, t.max_tokens - 1)
+        talker = replace(talker, max_tokens=frames + 1, min_tokens=frames + 1)
     return ResponsePlan(
         voice=voice,
         output_format=fmt,
