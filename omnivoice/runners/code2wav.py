@@ -9,6 +9,8 @@ where the window really ends and start the next chunk from there.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,9 @@ import torch
 from omnivoice.config import ChunkConfig, StageConfig
 from omnivoice.engine.chunks import CodecChunk, PcmOutput, StageFinished
 from omnivoice.engine.types import StageStats
+from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,6 +57,24 @@ class Code2WavRunner:
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
+        if device.type == "cuda":
+            self._fuse_activations()
+
+    @torch.inference_mode()
+    def _fuse_activations(self) -> None:
+        """Fused SnakeBeta kernels (compiled here, by a first decode), or transformers' if that fails."""
+        began = time.perf_counter()
+        n = fuse_snakes(self.model)
+        groups = int(self.model.config.num_quantizers)
+        try:
+            self.model(torch.zeros(1, groups, 8, dtype=torch.long, device=self.device))
+        except Exception as e:  # no compiler toolchain for the generated kernel, for one
+            unfuse_snakes(self.model)
+            log.warning(
+                "code2wav: fused activations unavailable (%s: %s); using transformers'", type(e).__name__, e
+            )
+            return
+        log.info("code2wav: %d SnakeBeta activations fused in %.1f s", n, time.perf_counter() - began)
 
     def accept(self, msg: Any) -> list[Any]:
         if not isinstance(msg, CodecChunk):

@@ -24,6 +24,8 @@ class CodePredictor:
     def __init__(self, module: Any, max_batch: int, device: torch.device, graphs: bool = False) -> None:
         self.module = module
         self.stack = DecoderStack(module.model, multimodal_rope=False)
+        if device.type == "cuda":
+            self.stack.fuse()
         self.embeds = module.model.codec_embedding  # G-1 embeddings, one per residual codebook
         self.heads = module.lm_head  # G-1 heads
         self.groups = len(self.heads) + 1
@@ -68,17 +70,16 @@ class CodePredictor:
 
 
 def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """One residual code per row: argmax where `greedy`, else transformers' top-k 50, top-p 0.8 at
-    temperature 1, drawn by inverse CDF with the row's uniform `u` [B]. Device ops only."""
+    """One residual code per row: argmax where `greedy`, else transformers' top-k 50 then top-p 0.8 at
+    temperature 1, drawn by inverse CDF with the row's uniform `u` [B]. Device ops only, on the 50
+    best codes rather than the whole codebook (a handful of tiny kernels per code)."""
     scores = logits.float()
-    kth = torch.topk(scores, min(_TOP_K, scores.shape[-1]), dim=-1).values[:, -1:]
-    scores = scores.masked_fill(scores < kth, float("-inf"))
-    sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
-    cum = sorted_scores.softmax(-1).cumsum(-1)
+    top, index = torch.topk(scores, min(_TOP_K, scores.shape[-1]), dim=-1)  # descending
+    top, index = top.flip(-1), index.flip(-1)  # ascending, as transformers' top-p sorts
+    cum = top.softmax(-1).cumsum(-1)
     drop = cum <= (1 - _TOP_P)
     drop[:, -1] = False  # always keep the most likely code
-    scores = scores.scatter(1, order, sorted_scores.masked_fill(drop, float("-inf")))
-    cdf = scores.softmax(-1).cumsum(-1)  # [B, V]
-    drawn = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)[:, 0]
-    drawn = drawn.clamp_max(cdf.shape[-1] - 1)
+    cdf = top.masked_fill(drop, float("-inf")).softmax(-1).cumsum(-1)  # [B, K]
+    pick = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)
+    drawn = index.gather(1, pick.clamp_max(cdf.shape[-1] - 1))[:, 0]
     return torch.where(greedy, logits.argmax(-1), drawn)

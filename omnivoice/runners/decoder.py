@@ -29,6 +29,29 @@ class DecoderStack:
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.kv_heads = attn.k_proj.out_features // attn.head_dim
+        # GPU decode: fewer, larger kernels (see `fuse`); empty on the CPU, where the layers' own
+        # modules run, so the CPU path stays exactly transformers' math
+        self._qkv: list[torch.Tensor] = []
+        self._qkv_split: tuple[int, int, int] = (0, 0, 0)
+        self._gate_up: list[torch.Tensor | None] = []
+
+    def fuse(self) -> None:
+        """Fuse for GPU decode: q/k/v in one GEMM, a dense MLP's gate/up in one GEMM, RMSNorms as one
+        kernel each. A decode step is a few hundred kernels per layer stack, each costing microseconds
+        even inside a CUDA graph, so fewer kernels is directly a faster step. The separate projections
+        become views into the fused weights: no memory is duplicated."""
+        for layer in self.layers:
+            attn = layer.self_attn
+            projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+            if any(p.bias is not None for p in projs):
+                self._qkv = []
+                break
+            self._qkv.append(_concat_weights(projs))
+            self._qkv_split = tuple(p.out_features for p in projs)  # type: ignore[assignment]
+            mlp = layer.mlp
+            dense = all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
+            dense = dense and mlp.gate_proj.bias is None and mlp.up_proj.bias is None
+            self._gate_up.append(_concat_weights((mlp.gate_proj, mlp.up_proj)) if dense else None)
 
     def make_cache(
         self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device
@@ -117,19 +140,35 @@ class DecoderStack:
             kept[0] = h
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
+            x = self._norm(layer.input_layernorm, h)
             shape = (b, t, -1, self.head_dim)
-            q = attn.q_norm(attn.q_proj(x).view(shape)).transpose(1, 2)  # [B, Hq, T, D]
-            k = attn.k_norm(attn.k_proj(x).view(shape)).transpose(1, 2)  # [B, Hkv, T, D]
-            v = attn.v_proj(x).view(shape).transpose(1, 2)
+            if self._qkv:
+                q, k, v = torch.nn.functional.linear(x, self._qkv[i]).split(self._qkv_split, dim=-1)
+            else:
+                q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+            q = self._norm(attn.q_norm, q.view(shape)).transpose(1, 2)  # [B, Hq, T, D]
+            k = self._norm(attn.k_norm, k.view(shape)).transpose(1, 2)  # [B, Hkv, T, D]
+            v = v.reshape(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             keys_, values = cache.write_read(i, slot_idx, positions, k, v, kv_len)
             out, _ = sdpa_attention_forward(attn, q, keys_, values, mask, dropout=0.0, scaling=attn.scaling)
             h = h + attn.o_proj(out.reshape(b, t, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + self._mlp(i, layer.mlp, self._norm(layer.post_attention_layernorm, h))
             if i + 1 in keep:
                 kept[i + 1] = h
-        return self.norm(h), kept
+        return self._norm(self.norm, h), kept
+
+    def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not self._qkv:
+            return norm(x)
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+
+    def _mlp(self, i: int, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        fused = self._gate_up[i] if self._gate_up else None
+        if fused is None:
+            return mlp(x)
+        gate, up = torch.nn.functional.linear(x, fused).chunk(2, dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _attention(
         self, attn, layer_idx, x, cos, sin, cache, slots, starts, length, mask, index
@@ -143,3 +182,14 @@ class DecoderStack:
         keys, values = cache.read(layer_idx, slots, length, index[0])
         out, _ = sdpa_attention_forward(attn, q, keys, values, mask, dropout=0.0, scaling=attn.scaling)
         return attn.o_proj(out.reshape(*x.shape[:-1], -1).contiguous())
+
+
+def _concat_weights(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """One [sum(out), in] weight for `linears`, which then hold views into it."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    offset = 0
+    for lin in linears:
+        n = lin.out_features
+        lin.weight = nn.Parameter(fused[offset : offset + n], requires_grad=False)
+        offset += n
+    return fused

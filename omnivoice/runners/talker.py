@@ -63,6 +63,8 @@ class TalkerRunner:
         self.device = device
         self.dtype = talker.dtype
         self.stack = DecoderStack(talker.model, multimodal_rope=True)
+        if device.type == "cuda":
+            self.stack.fuse()
         self.codec_embed = talker.get_input_embeddings()
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
         graphs = cfg.execution == "cuda_graph"

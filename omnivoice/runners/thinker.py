@@ -68,6 +68,8 @@ class ThinkerRunner:
         # transformers 5.2x wraps the text model as `model.language_model`; 5.17 (the H200 image) does not
         text_model = getattr(thinker.model, "language_model", thinker.model)
         self.stack = DecoderStack(text_model, multimodal_rope=True)
+        if device.type == "cuda":
+            self.stack.fuse()
         self.embed = thinker.get_input_embeddings()
         # one slot per running request, plus one per cached conversation prefix
         slots = cfg.max_batch + cfg.prefix_cache_entries
@@ -138,9 +140,9 @@ class ThinkerRunner:
         outs: list[Any] = []
         decoding = list(self.running.values())
         # Admit new requests first, prefilled together: their first token is on the time-to-first-audio
-        # path. At most one context's worth of prompt tokens per step keeps decode steps flowing.
+        # path. At most max_prefill_tokens prompt tokens per step keep decode steps flowing.
         batch: list[_Pending] = []
-        budget = self.cfg.max_seq_len
+        budget = self.cfg.max_prefill_tokens
         while self._can_admit(len(batch)) and (not batch or len(self.waiting[0].prompt.input_ids) <= budget):
             batch.append(self._admit(self.waiting.popleft()))
             budget -= batch[-1].embeds.shape[1]
