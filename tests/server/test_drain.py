@@ -190,12 +190,27 @@ class ServeProcess:
         return "".join(self.lines)
 
 
+async def _event_size_limits(url: str) -> None:
+    """realtime.max_event_bytes (64 KiB here): a larger event gets an error event; a frame over twice
+    that is refused by the WebSocket layer of `omnivoice serve` (close 1009)."""
+    big = {"type": "session.update", "session": {"instructions": "x" * 100_000}}
+    async with websockets.connect(url.replace("http", "ws") + "/v1/realtime", max_size=None) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send(json.dumps(big))
+        assert json.loads(await ws.recv())["error"]["code"] == "event_too_large"
+        await ws.send(json.dumps({**big, "session": {"instructions": "x" * 200_000}}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await ws.recv()
+        codes = {c.code for c in (closed.value.rcvd, closed.value.sent) if c is not None}
+        assert codes == {1009}, codes
+
+
 async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Path, tmp_path: Path) -> None:
     stage = {"max_seq_len": 1024}  # worker: process (the default): stage processes and shared memory
     profile = {
         "model": {"path": str(tiny_checkpoint)},
         "server": {"port": 0, "drain_timeout_s": 4.0},
-        "realtime": {"max_audio_ahead_ms": 600_000},
+        "realtime": {"max_audio_ahead_ms": 600_000, "max_event_bytes": 64 * 1024},
         "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
     }
     path = tmp_path / "profile.yaml"
@@ -206,6 +221,7 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
         pid = server.proc.pid
         children = _descendants(pid)
         assert children  # the stage processes
+        await _event_size_limits(url)
         long_chat = {
             "messages": [{"role": "user", "content": "hello"}],
             "stream": True,
