@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from omnivoice.engine.types import GenerationRequest
 
@@ -33,7 +34,7 @@ class ReplicaRouter:
         self._count(route, request.want_audio, +1)
         return route
 
-    def full_stage(self, request: GenerationRequest, capacity: tuple[int, int, int]) -> int | None:
+    def full_stage(self, request: GenerationRequest, capacity: Sequence[int]) -> int | None:
         """The first stage (0 thinker, 1 talker, 2 code2wav) whose replica `assign` would pick for
         `request` already holds `capacity[stage]` requests; None if it fits everywhere."""
         key = request.cache_key
