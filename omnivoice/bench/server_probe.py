@@ -33,6 +33,15 @@ async def fetch_state(client: httpx.AsyncClient, base_url: str) -> dict[str, Any
     return r.json()
 
 
+async def wait_healthy(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> None:
+    """Wait until /health says the engine is up (a server just started may still be loading)."""
+    deadline = time.monotonic() + timeout_s
+    while (await client.get(f"{base_url}/health", timeout=30)).status_code != 200:
+        if time.monotonic() > deadline:
+            raise httpx.TimeoutException(f"{base_url}/health not 200 after {timeout_s:.0f} s")
+        await asyncio.sleep(1.0)
+
+
 def compact(state: dict[str, Any], t: float) -> dict[str, Any]:
     """One sample at `t` seconds into the run."""
     rt, proc, engine = state["realtime"], state["process"], state["engine"] or {}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import random
 import shlex
 import subprocess
@@ -128,6 +129,7 @@ async def soak(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
     say = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     async with httpx.AsyncClient() as client:
         await probe.fetch_state(client, base)  # fails early (403, 404) before any load
+        await probe.wait_healthy(client, base, args.settle_s + 600)
         warm = SoakTally()
         say("warm-up: one session, one turn")
         await one_session(
@@ -169,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.duration is None and args.sessions is None and args.disconnects is None:
         args.duration = 60.0
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per sample otherwise
     try:
         speech = load_speech(args)
         cfg = _config(args, speech)
