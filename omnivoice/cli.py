@@ -86,6 +86,17 @@ def build_parser(
 
     add_engine_arguments(engine)
     engine.set_defaults(func=_bench_engine)
+    parity = modes.add_parser(
+        "parity",
+        help="check that CUDA-graphed and eager execution give identical greedy tokens and codes",
+        description="Runs the same greedy requests through the thinker and talker runners with their "
+        "CUDA graphs off and on (one fixed step order) and compares text tokens and codec frames exactly; "
+        "exits 1 on any difference.",
+    )
+    from omnivoice.bench.parity import add_arguments as add_parity_arguments  # argparse only
+
+    add_parity_arguments(parity)
+    parity.set_defaults(func=_bench_parity)
     realtime = modes.add_parser(
         "realtime",
         help="concurrent spoken sessions against /v1/realtime: voice-to-voice latency and output gaps",
@@ -126,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     positional = [a for a in args_list if not a.startswith("-")]
     # the HTTP client's options (and httpx) only for `bench` itself, not for `bench engine`
-    with_bench = positional[:1] == ["bench"] and positional[1:2] not in (["engine"], ["realtime"], ["soak"])
+    with_bench = positional[:1] == ["bench"] and positional[1:2] not in (
+        ["engine"], ["parity"], ["realtime"], ["soak"]
+    )
     try:
         parser = build_parser(
             with_bench=with_bench,
@@ -177,6 +190,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _bench_engine(args: argparse.Namespace) -> int:
     from omnivoice.bench.engine_cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_parity(args: argparse.Namespace) -> int:
+    from omnivoice.bench.parity import run
 
     configure_logging("info")
     return run(args)

@@ -52,8 +52,11 @@ class StageConfig(_Strict):
         description="requests that may wait beyond max_batch for one replica of this stage; a new request "
         "that would exceed max_batch + max_queue on its replica is refused at once (EngineOverloaded: 503)",
     )
-    # CUDA-graphed decode is planned (GPU runtime); only eager execution exists today
-    execution: Literal["eager"] = "eager"
+    execution: Literal["eager", "cuda_graph"] = Field(
+        "eager",
+        description="cuda_graph: capture each decode step (per batch-size and KV-length bucket) and the "
+        "code predictor's frame as CUDA graphs at start, then replay them (CUDA devices; thinker, talker)",
+    )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
     worker: Literal["thread", "process", "ray"] = "process"
@@ -71,6 +74,15 @@ class StageConfig(_Strict):
             raise ValueError(f"devices lists {len(self.devices)} devices for {self.replicas} replicas")
         return self
 
+    @model_validator(mode="after")
+    def _check_execution(self) -> StageConfig:
+        if self.execution == "cuda_graph":
+            devices = self.devices if self.devices is not None else (self.device,)
+            cpu = [d for d in devices if not d.startswith("cuda")]
+            if cpu:
+                raise ValueError(f"execution cuda_graph needs CUDA devices, not {', '.join(cpu)}")
+        return self
+
     def replica_device(self, replica: int) -> str:
         return self.devices[replica] if self.devices is not None else self.device
 
@@ -79,6 +91,12 @@ class ThinkerStage(StageConfig):
     sampling: SamplingDefaults = SamplingDefaults(temperature=0.0, max_tokens=256)
     prefix_cache_entries: int = Field(
         16, ge=0, description="conversations whose KV is kept between turns (one spare KV slot each)"
+    )
+    max_prefill_tokens: int = Field(
+        4096,
+        ge=64,
+        description="prompt tokens prefilled in one step (several new requests together); larger: a burst "
+        "of requests gets its first tokens sooner, smaller: running requests' decode steps wait less",
     )
 
 
@@ -90,6 +108,12 @@ class TalkerStage(StageConfig):
 
 class Code2WavStage(StageConfig):
     chunk: ChunkConfig = ChunkConfig()
+
+    @model_validator(mode="after")
+    def _check_code2wav_execution(self) -> Code2WavStage:
+        if self.execution != "eager":
+            raise ValueError("code2wav runs eagerly only (execution: eager)")
+        return self
 
 
 class StagesConfig(_Strict):

@@ -131,8 +131,11 @@ class Code2WavRunner:
             elif st.finished and st.decoded_to >= st.total:
                 outs.append(StageFinished(rid, "code2wav", "stop", st.total))
                 del self.streams[rid]
-        for chunks in windows.values():  # same-length windows decode together, in one forward
-            outs += self._decode(chunks)
+        if windows:
+            # Same-length windows decode together, in one forward. One length per step, the shortest
+            # first: a new request's first chunk (the shortest window) never waits behind a batch of
+            # long ones, and its audio leaves as soon as its own small forward is done.
+            outs += self._decode(windows[min(windows)])
         self._last_batch = n
         self._steps += 1
         return outs
