@@ -1,7 +1,7 @@
 """Token sampling with transformers' logits-processor semantics, per request, batched over requests.
 
 Order as in transformers' generate(): repetition penalty, min-new-tokens (end ids masked),
-suppressed tokens, then temperature, top-k, top-p. Temperature 0 is greedy (first maximum).
+suppressed tokens, then temperature, top-k, top-p. Temperature 0 (or top-k 1) is greedy (first maximum).
 
 `sample_rows` processes a whole batch's logits in a few tensor ops and leaves the tokens on the
 logits' device: no host round trip per row (on a GPU each one was a full stream sync). Each request
@@ -34,8 +34,10 @@ class RequestSampler:
         self.history: list[int] = list(history)  # ids the repetition penalty looks at
         self.seen = set(self.history)  # its distinct ids
         self.generated = 0
+        # top-k 1 keeps only the best token: sampling it is the argmax, so no draw (and no sort)
+        self.greedy = params.temperature <= 0 or params.top_k == 1
         self.generator: torch.Generator | None = None
-        if params.temperature > 0:
+        if not self.greedy:
             self.generator = torch.Generator(device="cpu")
             if params.seed is not None:
                 self.generator.manual_seed(params.seed)
@@ -98,14 +100,14 @@ def process_rows(samplers: Sequence[RequestSampler], logits: torch.Tensor) -> to
 def sample_rows(samplers: Sequence[RequestSampler], logits: torch.Tensor) -> torch.Tensor:
     """Tokens [B] (long, on the logits' device) for logits [B, V]; callers `record` the ones they keep."""
     scores = process_rows(samplers, logits)
-    greedy = [b for b, s in enumerate(samplers) if s.params.temperature <= 0]
+    greedy = [b for b, s in enumerate(samplers) if s.greedy]
     if len(greedy) == len(samplers):
         return scores.argmax(-1)
-    drawn = _draw([s for s in samplers if s.params.temperature > 0], scores, greedy)
+    drawn = _draw([s for s in samplers if not s.greedy], scores, greedy)
     if not greedy:
         return drawn
     tokens = scores.argmax(-1)
-    sampled = [b for b, s in enumerate(samplers) if s.params.temperature > 0]
+    sampled = [b for b, s in enumerate(samplers) if not s.greedy]
     tokens[to_device(sampled, scores.device)] = drawn
     return tokens
 

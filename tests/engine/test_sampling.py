@@ -77,3 +77,18 @@ def test_a_batch_is_processed_and_sampled_row_by_row() -> None:
         assert tokens[0] == int(batch[0].argmax()) and tokens[2] == int(batch[2].argmax())
         assert tokens[1] in set(torch.topk(batch[1], 4).indices.tolist())
         assert tokens[3] == 10
+
+
+def test_top_k_one_is_the_argmax_of_the_processed_scores_without_a_draw() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(4, 300)
+    params = Sampling(temperature=0.4, top_p=0.9, top_k=1, repetition_penalty=1.05)
+    samplers = [RequestSampler(params, end_ids=[5], history=[int(logits[b].argmax())]) for b in range(4)]
+    assert all(s.greedy and s.generator is None for s in samplers)
+    tokens = sample_rows(samplers, logits)
+    # the repetition penalty applies first: a row's top logit (in its history) may lose its place
+    assert torch.equal(tokens, process_rows(samplers, logits).argmax(-1))
+    mixed = [samplers[0], RequestSampler(Sampling(temperature=1.0, top_k=5, seed=3), end_ids=[])]
+    out = sample_rows(mixed, logits[:2])
+    assert out[0] == process_rows(mixed[:1], logits[:1]).argmax(-1)[0]
+    assert out[1] in torch.topk(logits[1], 5).indices
