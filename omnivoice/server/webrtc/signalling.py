@@ -87,7 +87,7 @@ async def _read_offer(request: Request) -> str:
             if data.get("type", "offer") != "offer":
                 raise ValueError("type must be 'offer'")
             text = data["sdp"]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # [[[[... is too deep
             raise bad_request(f"expected {{sdp, type: 'offer'}}: {e}", code="invalid_offer") from None
     elif ctype != "application/sdp":
         raise bad_request(f"Content-Type must be application/sdp, got {ctype!r}", code="invalid_content_type")
