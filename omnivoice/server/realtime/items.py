@@ -16,6 +16,8 @@ from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Item, ne
 if TYPE_CHECKING:
     from omnivoice.server.realtime.session import Session
 
+MIN_AUDIO_MS = 10  # an item's audio: the thinker's audio features have one frame per 10 ms
+MIN_AUDIO_SAMPLES = INPUT_RATE * MIN_AUDIO_MS // 1000
 _USER_TYPES = {"input_text", "input_audio"}
 _ASSISTANT_TYPES = {
     "output_text": "output_text",
@@ -141,7 +143,11 @@ def _decode_audio(session: Session, data: str, param: str, event_id: str | None)
             param,
             event_id,
         )
-    return soxr.resample(pcm, fmt.sample_rate, INPUT_RATE).astype(np.float32, copy=False)
+    audio = soxr.resample(pcm, fmt.sample_rate, INPUT_RATE).astype(np.float32, copy=False)
+    if audio.size < MIN_AUDIO_SAMPLES:  # kept, it would fail every later response's prompt
+        message = f"the audio is shorter than {MIN_AUDIO_MS} ms"
+        raise p.ProtocolError(message, "invalid_value", param, event_id)
+    return audio
 
 
 def _with_audio(session: Session, item: Item) -> dict[str, Any]:
