@@ -297,6 +297,10 @@ def test_realtime_garbage_gets_error_events_and_the_session_goes_on(
     @given(st.lists(live_events, min_size=1, max_size=4))
     @example([json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA" * 2_000_000})])  # 8 MB
     @example([b"\x00\xff binary"])
+    @example(  # text that is not Unicode: kept, it failed every later response
+        [json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "\ud800"}]}})]
+    )  # fmt: skip
     @example(  # audio shorter than a feature frame: kept, it failed every later response
         [json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": "AAA="}]}})]

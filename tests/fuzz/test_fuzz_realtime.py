@@ -20,6 +20,7 @@ from server.fake_engine import FakeEngine, FakeModelInfo, Script
 from omnivoice.audio.formats import PCM16
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import parse_profile
+from omnivoice.engine.types import TextPart
 from omnivoice.server.realtime import protocol as p
 from omnivoice.server.realtime.outbox import Outbox
 from omnivoice.server.realtime.session import Session
@@ -180,6 +181,11 @@ async def _run_session(vad: SileroVad, messages: list[str | bytes]) -> list[dict
         await asyncio.wait_for(writer, 10)
         final = [e for e in sent[before:] if e["type"] == "response.done"]
         assert final and final[-1]["response"]["status"] == "completed", sent[before:]
+        for prompt in engine.prompts:  # text the tokenizer takes: a lone surrogate fails every prompt
+            for message in prompt:
+                for part in message.parts:
+                    if isinstance(part, TextPart):
+                        part.text.encode("utf-8")
         stages = PROFILE.stages
         for request in engine.requests:  # what reached the engine is within what the engine takes
             assert 1 <= request.thinker.max_tokens <= stages.thinker.max_seq_len, request.thinker
@@ -211,5 +217,20 @@ def _check_session_events(sent: list[dict[str, Any]]) -> None:
      json.dumps({"type": "response.create"})]
 )  # fmt: skip
 @example([json.dumps({"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": float("nan")})])
+@example(
+    [
+        json.dumps(
+            {
+                "type": "conversation.item.create",
+                "item": {  # kept, it failed every later prompt
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "\ud800"}],
+                },
+            }
+        )
+    ]
+)
+@example([json.dumps({"type": "session.update", "session": {"instructions": "a\udfffb"}})])
 def test_a_session_answers_bad_events_with_errors_and_goes_on(vad: SileroVad, messages: list) -> None:
     _check_session_events(asyncio.run(_run_session(vad, messages)))

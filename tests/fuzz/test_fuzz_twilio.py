@@ -83,11 +83,14 @@ frames = pick(
 @example(json.dumps({**MEDIA, "media": {"payload": "A" * 4_000_000}}))  # huge
 @example(json.dumps({"event": ["media"]}))  # an unhashable event name
 @example(b'{"event": "media"}')  # a binary frame
+@example(json.dumps({**START, "start": {**START["start"], "customParameters": {"instructions": "\ud800"}}}))
 def test_a_frame_parses_or_is_a_protocol_error(frame: str | bytes) -> None:
     try:
         event = tw.parse_event(frame)
         if isinstance(event, tw.Media):
             assert 0 < len(tw.media_payload(event)) <= tw.MAX_PAYLOAD_BYTES
+        if isinstance(event, tw.Start):  # the instructions reach the tokenizer: valid Unicode only
+            json.dumps(event.start.custom_parameters, ensure_ascii=False).encode("utf-8")
     except tw.TwilioProtocolError as e:
         assert str(e)
 

@@ -178,6 +178,9 @@ def parse_client_event(text: str | bytes) -> ClientEvent:
     if not isinstance(data, dict):
         raise ProtocolError("an event must be a JSON object", "invalid_json")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    if has_lone_surrogate(text, data):  # kept in an item or the instructions, it fails every prompt
+        message = "the event has a string that is not valid Unicode (an unpaired \\ud800-\\udfff escape)"
+        raise ProtocolError(message, "invalid_value", None, event_id)
     kind = data.get("type")
     if not isinstance(kind, str):
         raise ProtocolError("the event has no 'type'", "missing_required_parameter", "type", event_id)
@@ -188,6 +191,20 @@ def parse_client_event(text: str | bytes) -> ClientEvent:
         return _ADAPTER.validate_python(data)
     except ValidationError as e:
         raise _validation_error(e, event_id) from None
+
+
+def has_lone_surrogate(text: str | bytes, data: Any) -> bool:
+    """Whether JSON `text` (parsed: `data`) has a string with an unpaired surrogate escape (\\ud800):
+    valid JSON, but no text; the tokenizer raises on it."""
+    if ("\\u" if isinstance(text, str) else b"\\u") not in text:  # the common case: no escape at all
+        return False
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except RecursionError:  # nested as deep as json.loads takes: validation refuses it anyway
+        return False
+    return False
 
 
 def _validation_error(

@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from omnivoice.server.realtime.protocol import has_lone_surrogate
+
 RATE = 8000  # audio/x-mulaw, mono, both directions
 FRAME_BYTES = 160  # 20 ms of u-law: the frame Twilio sends and the one we send
 MAX_PAYLOAD_BYTES = 1600  # 200 ms: a longer inbound payload is malformed (Twilio sends 20 ms)
@@ -111,6 +113,8 @@ def parse_event(text: str | bytes) -> InboundEvent:
         raise TwilioProtocolError(f"not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise TwilioProtocolError("a message must be a JSON object")
+    if has_lone_surrogate(text, data):  # customParameters' instructions would fail every prompt
+        raise TwilioProtocolError("a string that is not valid Unicode (an unpaired surrogate escape)")
     kind = data.get("event")
     if kind is None:
         raise TwilioProtocolError("a message without 'event'")
