@@ -196,7 +196,8 @@ def parse_client_event(text: str | bytes) -> ClientEvent:
 def has_lone_surrogate(text: str | bytes, data: Any) -> bool:
     """Whether JSON `text` (parsed: `data`) has a string with an unpaired surrogate escape (\\ud800):
     valid JSON, but no text; the tokenizer raises on it."""
-    if ("\\u" if isinstance(text, str) else b"\\u") not in text:  # the common case: no escape at all
+    escaped = b"\\u" in text if isinstance(text, bytes) else "\\u" in text
+    if not escaped:  # the common case: no escape at all
         return False
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
