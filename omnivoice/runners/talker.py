@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -167,10 +167,10 @@ class TalkerRunner:
             ]
         )
         inputs = torch.cat([seq.user_part, text_part + codec_part])
-        if inputs.shape[0] + req.talker.max_tokens > self.cfg.max_seq_len:
+        if inputs.shape[0] + 2 > self.cfg.max_seq_len:
             raise ValueError(
-                f"talker context {inputs.shape[0]} + {req.talker.max_tokens} frames exceeds "
-                f"{self.cfg.max_seq_len}"
+                f"talker context of {inputs.shape[0]} positions leaves no room for audio in its "
+                f"max_seq_len of {self.cfg.max_seq_len}"
             )
         return inputs
 
@@ -191,9 +191,14 @@ class TalkerRunner:
         inputs = torch.stack(
             [torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[0])) for _, x in ready]
         )  # [B, P, Ht], right-padded
-        for seq, _ in ready:
+        for seq, x in ready:
             seq.slot = self.cache.alloc()
-            seq.sampler = RequestSampler(seq.request.talker, [self.spec.codec_eos_id], suppress=self.suppress)
+            params = seq.request.talker
+            room = self.cfg.max_seq_len - x.shape[0]  # as the thinker does: the answer is cut, not refused
+            if params.max_tokens > room:
+                log.debug("request %s: talker frames capped at %d", seq.request.request_id, room)
+                params = replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
+            seq.sampler = RequestSampler(params, [self.spec.codec_eos_id], suppress=self.suppress)
         starting = [seq for seq, _ in ready]
         h, _ = self.stack.forward(
             inputs, self.cache, [s.slot for s in starting], [0] * len(ready), lengths=lengths

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -271,14 +272,23 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart(
     assert leaked == set(), leaked
 
 
-async def test_a_request_the_talker_cannot_fit_fails_alone(tiny_checkpoint: Path) -> None:
+async def test_the_talker_cuts_audio_to_its_context_and_fails_only_a_prompt_that_leaves_no_room(
+    tiny_checkpoint: Path,
+) -> None:
     data = profile_for(tiny_checkpoint).model_dump()
     data["stages"]["talker"]["max_seq_len"] = 128
     eng = await Engine.start(parse_profile(data))
     try:
-        too_long, fine = request(eng, 0, talker_tokens=200), request(eng, 2, talker_tokens=20)
-        (_, bad), (ok_outs, ok) = await asyncio.gather(collect(eng, too_long), collect(eng, fine))
-        assert bad.finish_reason == "error" and "talker context" in (bad.error or "")
+        long_user = [ChatMessage("user", (TextPart("the sea and the wind " * 40),))]
+        no_room = replace(request(eng, 0, talker_tokens=20), prompt=eng.build_prompt(long_user))
+        capped, fine = request(eng, 0, talker_tokens=200), request(eng, 2, talker_tokens=20)
+        (_, bad), (capped_outs, cut), (ok_outs, ok) = await asyncio.gather(
+            collect(eng, no_room), collect(eng, capped), collect(eng, fine)
+        )
+        assert bad.finish_reason == "error" and "no room for audio" in (bad.error or "")
+        # cut at the talker's context like the thinker's answers: less than 200 frames, not an error
+        assert cut.finish_reason == "length"
+        assert 0 < audio_of(capped_outs).size < 200 * 1920
         assert ok.finish_reason == "length" and audio_of(ok_outs).size > 0
         await wait_idle(eng)
     finally:
