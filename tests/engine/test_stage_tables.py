@@ -1,0 +1,99 @@
+"""A stage worker reports its per-request tables with its stats, and they drain: a request's route to
+the next stage goes when it finishes, fails or is aborted, and tombstones of aborted ids expire."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from omnivoice.engine import stage
+from omnivoice.engine.chunks import Abort, NewRequest, Shutdown, StageFinished, ThinkerChunk
+from omnivoice.engine.connectors import LocalConnector
+from omnivoice.engine.stage import StageWorker
+from omnivoice.engine.types import GenerationRequest, Prompt, StageStats
+
+
+class HoldingRunner:
+    """A thinker that holds every request until told to finish or fail it."""
+
+    name = "thinker"
+
+    def __init__(self) -> None:
+        self.held: dict[str, GenerationRequest] = {}
+        self.finish: set[str] = set()
+        self.fail: set[str] = set()
+
+    def accept(self, msg: Any) -> list[Any]:
+        self.held[msg.request.request_id] = msg.request
+        return [ThinkerChunk(msg.request.request_id, (), None, False, request=msg.request)]
+
+    def abort(self, request_id: str) -> None:
+        self.held.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return bool(self.finish & self.held.keys() or self.fail & self.held.keys())
+
+    def step(self) -> list[Any]:
+        if self.fail & self.held.keys():
+            raise RuntimeError("boom")
+        done = sorted(self.finish & self.held.keys())
+        for rid in done:
+            del self.held[rid]
+        return [StageFinished(rid, "thinker", "stop", 1) for rid in done]
+
+    def active_ids(self) -> list[str]:
+        return list(self.held)
+
+    def stats(self) -> StageStats:
+        return StageStats(self.name, 0, len(self.held), 0, 0)
+
+
+def latest_stats(engine: LocalConnector, until: Any, timeout: float = 5.0) -> StageStats:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        msg = engine.get(timeout=0.1)
+        if isinstance(msg, StageStats):
+            last = msg
+            if until(msg):
+                return msg
+    raise AssertionError(f"stats never matched; last: {last}")
+
+
+def request(rid: str) -> NewRequest:
+    return NewRequest(GenerationRequest(rid, Prompt((1, 2, 3)), route=(0, 0, 0)))
+
+
+def test_tables_drain_and_tombstones_expire(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stage, "TOMBSTONE_TTL_S", 0.5)
+    monkeypatch.setattr(stage, "IDLE_STATS_INTERVAL_S", 0.1)
+    runner = HoldingRunner()
+    inbox, talker, engine = LocalConnector(), LocalConnector(), LocalConnector()
+    worker = StageWorker(runner, inbox, [talker], engine)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        for rid in ("a", "b", "c"):
+            inbox.put(request(rid))
+        s = latest_stats(engine, lambda s: s.running == 3)
+        assert (s.routes, s.tombstones, s.pid) == (3, 0, os.getpid()) and s.rss_bytes > 0 and s.open_fds > 0
+        runner.finish.add("a")  # finished: its route goes with its StageFinished
+        s = latest_stats(engine, lambda s: s.running == 2)
+        assert (s.routes, s.tombstones) == (2, 0)
+        inbox.put(Abort("c"))  # aborted: its route goes, a tombstone comes
+        s = latest_stats(engine, lambda s: s.running == 1)
+        assert (s.routes, s.tombstones) == (1, 1)
+        runner.fail.add("b")  # failed in a step: its route goes, a tombstone comes
+        inbox.put(Abort("x"))  # never seen here: a tombstone all the same
+        s = latest_stats(engine, lambda s: s.running == 0 and s.tombstones == 3)
+        assert s.routes == 0
+        inbox.put(request("c"))  # a late message for an aborted request does not start it again
+        s = latest_stats(engine, lambda s: s.tombstones == 0)  # expired
+        assert (s.running, s.routes, s.live_requests) == (0, 0, 0)
+    finally:
+        inbox.put(Shutdown())
+        thread.join(5)
