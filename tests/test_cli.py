@@ -25,6 +25,7 @@ CPU_YAML = ROOT / "configs" / "cpu.yaml"
         ([], ["serve", "bench", "profile"]),
         (["serve"], ["--profile", "--host", "--log-level", "--insecure-no-auth", "OMNIVOICE_API_KEY"]),
         (["bench"], ["--base-url", "--concurrency"]),
+        (["bench", "soak"], ["--disconnects", "--barge-in", "--linger-s", "/v1/debug/state", "exits 1"]),
         (["profile"], ["check"]),
         (["profile", "check"], ["PATH", "exit 2"]),
     ],
