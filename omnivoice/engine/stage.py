@@ -188,8 +188,7 @@ class StageWorker:
         # stage went idle, so readers never see finished requests as still running.
         now = time.monotonic()
         self._expire_tombstones()
-        tables = dict(routes=len(self._next), tombstones=len(self._aborted))
-        stats = replace(self.runner.stats(), **tables)
+        stats = replace(self.runner.stats(), routes=len(self._next), tombstones=len(self._aborted))
         busy = self.runner.has_work()
         idle_change = not busy and stats != self._sent_stats
         interval = STATS_INTERVAL_S if busy else IDLE_STATS_INTERVAL_S
