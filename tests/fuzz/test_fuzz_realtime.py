@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from server.fake_engine import FakeEngine, FakeModelInfo, Script
+from server.fake_engine import AlwaysAdmit, FakeEngine, FakeModelInfo, Script
 
 from omnivoice.audio.formats import PCM16
 from omnivoice.audio.vad import SileroVad
@@ -130,15 +130,6 @@ def test_parse_client_event_returns_an_event_or_a_protocol_error(text: str | byt
 
 
 # ---- a whole session -------------------------------------------------------------------------------
-class _Admission:
-    """As the app's admission, always admitting."""
-
-    class _Slot:
-        def release(self) -> None:
-            pass
-
-    def acquire(self) -> _Slot:
-        return self._Slot()
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +155,7 @@ async def _run_session(vad: SileroVad, messages: list[str | bytes]) -> list[dict
     engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
     outbox = Outbox(send, "sess_fuzz", beta=False)
     writer = asyncio.create_task(outbox.run())
-    session = Session("sess_fuzz", engine, outbox, vad, profile=PROFILE, admission=_Admission())
+    session = Session("sess_fuzz", engine, outbox, vad, profile=PROFILE, admission=AlwaysAdmit())
     session.start()
     try:
         for message in messages:

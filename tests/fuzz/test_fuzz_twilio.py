@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from server.fake_engine import FakeEngine, FakeModelInfo, Script
+from server.fake_engine import AlwaysAdmit, FakeEngine, FakeModelInfo, Script
 
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import parse_profile
@@ -107,15 +107,6 @@ def test_custom_parameters_keep_the_valid_ones(raw: dict[str, str]) -> None:
 PROFILE = parse_profile({"realtime": {"max_buffer_seconds": 3.0}})
 
 
-class _Admission:
-    class _Slot:
-        def release(self) -> None:
-            pass
-
-    def acquire(self) -> _Slot:
-        return self._Slot()
-
-
 class _Service:
     """As RealtimeService, for one call: its VAD and its sessions."""
 
@@ -144,7 +135,7 @@ def vad() -> Iterator[SileroVad]:
 
 async def _run_call(vad: SileroVad, messages: list[str | bytes]) -> TwilioCall:
     engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
-    state = SimpleNamespace(profile=PROFILE, admission=_Admission())
+    state = SimpleNamespace(profile=PROFILE, admission=AlwaysAdmit())
     call = TwilioCall(_Carrier(), engine, _Service(vad), state)  # type: ignore[arg-type]
     try:
         for message in [json.dumps(CONNECTED), *messages]:

@@ -66,6 +66,17 @@ class Script:
 
 
 @dataclass
+class AlwaysAdmit:
+    """Stands in for the app's admission control where a test drives a session directly: always admits."""
+
+    class _Slot:
+        def release(self) -> None:
+            pass
+
+    def acquire(self) -> _Slot:
+        return self._Slot()
+
+
 class FakeEngine:
     info: FakeModelInfo
     script: Script = field(default_factory=Script)
