@@ -65,7 +65,6 @@ class Script:
     raise_after: int | None = None  # raise RuntimeError after this many outputs
 
 
-@dataclass
 class AlwaysAdmit:
     """Stands in for the app's admission control where a test drives a session directly: always admits."""
 
@@ -77,6 +76,7 @@ class AlwaysAdmit:
         return self._Slot()
 
 
+@dataclass
 class FakeEngine:
     info: FakeModelInfo
     script: Script = field(default_factory=Script)
