@@ -146,6 +146,10 @@ async def test_an_oversized_event_gets_an_error_and_the_session_goes_on() -> Non
             await conn.input_audio_buffer.commit()
             assert (await rec.next("input_audio_buffer.committed")).item_id
             await rec.close()
+        # the server ends the session once it sees the close: a moment after the client's side
+        deadline = time.monotonic() + 5
+        while s.app.state.realtime.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert s.app.state.realtime.sessions == {}
 
 
