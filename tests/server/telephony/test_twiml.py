@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from xml.etree import ElementTree as ET
 
 import httpx
@@ -62,4 +64,7 @@ async def test_a_call_over_the_session_limit_is_refused() -> None:
                 async with call(url) as second:
                     await second.ws.recv()
             assert exc.value.rcvd is not None and exc.value.rcvd.code == 1013
+        deadline = time.monotonic() + 5  # the server ends the call once it sees the close
+        while app.state.realtime.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         assert app.state.realtime.sessions == {}
