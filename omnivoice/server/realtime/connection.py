@@ -7,17 +7,16 @@ the writer task) is released in `finally`, however the connection ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import APIError
 from omnivoice.server.realtime.conversation import new_id
-from omnivoice.server.realtime.ending import CLOSE_POLICY, serve_until_over
+from omnivoice.server.realtime.ending import close_connection, serve_until_over
 from omnivoice.server.realtime.outbox import Event, Outbox, OutboxLimits
 from omnivoice.server.realtime.server_events import error
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
@@ -83,7 +82,7 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
             service.release(sid)
         if lease is not None:
             lease.release()
-        await _close(websocket, outbox, writer, code)
+        await close_connection(websocket, outbox, writer, code, flush_s=2.0)
         log.info("session %s closed", sid)
 
 
@@ -116,17 +115,3 @@ def _refusal(e: Exception) -> Event:
         return error(e.message, "rate_limit_exceeded", type_="rate_limit_error")
     kind = "session_limit_reached" if isinstance(e, SessionLimitReached) else "service_unavailable"
     return error(str(getattr(e, "message", e)), kind, type_="server_error")
-
-
-async def _close(websocket: WebSocket, outbox: Outbox, writer: asyncio.Task[None], code: int) -> None:
-    outbox.close()
-    try:  # flush the last events (e.g. the reason for closing), unless the client stopped reading
-        await asyncio.wait_for(writer, timeout=0 if code == CLOSE_POLICY else 2.0)
-    except (TimeoutError, Exception):
-        writer.cancel()
-    if (
-        websocket.client_state == WebSocketState.CONNECTED
-        and websocket.application_state == WebSocketState.CONNECTED
-    ):
-        with contextlib.suppress(Exception):  # the client is already gone, or reads nothing
-            await asyncio.wait_for(websocket.close(code), timeout=1.0)

@@ -6,9 +6,12 @@ fails: close 1008), or the server shuts down (the drain: the response in flight 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketState
 
 from omnivoice.server.realtime.outbox import Outbox, SlowConsumer
 from omnivoice.server.realtime.server_events import error
@@ -71,3 +74,22 @@ async def serve_until_over(
         return CLOSE_ERROR
     log.info("%s: closed for the server's shutdown (close %d)", label, CLOSE_GOING_AWAY)
     return CLOSE_GOING_AWAY
+
+
+async def close_connection(
+    websocket: WebSocket, outbox: Outbox, writer: asyncio.Task[None], code: int, flush_s: float
+) -> None:
+    """End a WebSocket connection: stop the outbox, give its writer `flush_s` to send the last events
+    (the reason for closing; none for a client that stopped reading, CLOSE_POLICY), then close with
+    `code` unless either side already did."""
+    outbox.close()
+    try:
+        await asyncio.wait_for(writer, timeout=0 if code == CLOSE_POLICY else flush_s)
+    except (TimeoutError, Exception):
+        writer.cancel()
+    if (
+        websocket.client_state == WebSocketState.CONNECTED
+        and websocket.application_state == WebSocketState.CONNECTED
+    ):
+        with contextlib.suppress(Exception):  # the peer is already gone, or reads nothing
+            await asyncio.wait_for(websocket.close(code), timeout=1.0)

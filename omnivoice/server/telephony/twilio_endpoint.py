@@ -13,18 +13,17 @@ import asyncio
 import contextlib
 import logging
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.errors import APIError
-from omnivoice.server.realtime.ending import serve_until_over
+from omnivoice.server.realtime.ending import CLOSE_POLICY, close_connection, serve_until_over
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
 from omnivoice.server.telephony.stream_auth import stream_owner
 from omnivoice.server.telephony.twilio_call import TwilioCall
 
 log = logging.getLogger(__name__)
 
-CLOSE_POLICY = 1008
 CLOSE_TRY_AGAIN = 1013
 
 
@@ -68,7 +67,8 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
         await call.close()  # aborts the in-flight response in every stage
         service.release(call.id)
         lease.release()
-        await _hang_up(websocket, call, writer, code)
+        # audio still queued is dropped: no one is listening
+        await close_connection(websocket, call.outbox, writer, code, flush_s=1.0)
 
 
 async def _read_loop(
@@ -90,17 +90,3 @@ async def _read_loop(
             return
         if writer.done():  # the socket failed under the writer
             writer.result()
-
-
-async def _hang_up(websocket: WebSocket, call: TwilioCall, writer: asyncio.Task[None], code: int) -> None:
-    call.outbox.close()  # audio still queued is dropped: no one is listening
-    try:  # the last control messages, unless the carrier stopped reading
-        await asyncio.wait_for(writer, timeout=0 if code == CLOSE_POLICY else 1.0)
-    except (TimeoutError, Exception):
-        writer.cancel()
-    if (
-        websocket.client_state == WebSocketState.CONNECTED
-        and websocket.application_state == WebSocketState.CONNECTED
-    ):
-        with contextlib.suppress(Exception):  # the carrier is already gone, or reads nothing
-            await asyncio.wait_for(websocket.close(code), timeout=1.0)
