@@ -15,7 +15,7 @@ import json
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
     for mode in ("eager", "graphed") if graphed else ("eager", "eager again"):
         for step in graph_steps(thinker) + graph_steps(talker):
             step.enabled = mode == "graphed" and step.pool is not None
-        run_requests = [replace(r, request_id=r.request_id) for r in requests]
-        outputs[mode] = drive(thinker, talker, run_requests)
+        outputs[mode] = drive(thinker, talker, requests)
         o = outputs[mode]
         print(
             f"{mode}: {o.thinker_steps} thinker and {o.talker_steps} talker steps in {o.seconds:.2f} s",
