@@ -57,6 +57,11 @@ class StageConfig(_Strict):
         description="cuda_graph: capture each decode step (per batch-size and KV-length bucket) and the "
         "code predictor's frame as CUDA graphs at start, then replay them (CUDA devices; thinker, talker)",
     )
+    compile: bool = Field(
+        True,
+        description="CUDA devices: torch.compile each decoder layer's decode-step math into a few fused "
+        "kernels (compiled at start; falls back to eager, with a warning, if compiling fails)",
+    )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
     worker: Literal["thread", "process", "ray"] = "process"

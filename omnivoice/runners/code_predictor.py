@@ -21,11 +21,13 @@ _TOP_P = 0.8
 
 
 class CodePredictor:
-    def __init__(self, module: Any, max_batch: int, device: torch.device, graphs: bool = False) -> None:
+    def __init__(
+        self, module: Any, max_batch: int, device: torch.device, graphs: bool = False, compile: bool = False
+    ) -> None:
         self.module = module
         self.stack = DecoderStack(module.model, multimodal_rope=False)
         if device.type == "cuda":
-            self.stack.fuse()
+            self.stack.fuse(compile=compile)
         self.embeds = module.model.codec_embedding  # G-1 embeddings, one per residual codebook
         self.heads = module.lm_head  # G-1 heads
         self.groups = len(self.heads) + 1

@@ -7,6 +7,7 @@ requests of different lengths decode together in one batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import torch
@@ -14,8 +15,11 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
+from omnivoice.runners.fused_layers import LayerFns, LayerWeights, compiled_layer_fns, layer_weights
 from omnivoice.runners.kv_cache import SlotKVCache
 from omnivoice.runners.transfer import to_device
+
+log = logging.getLogger(__name__)
 
 
 class DecoderStack:
@@ -34,12 +38,15 @@ class DecoderStack:
         self._qkv: list[torch.Tensor] = []
         self._qkv_split: tuple[int, int, int] = (0, 0, 0)
         self._gate_up: list[torch.Tensor | None] = []
+        self._fused: list[LayerWeights | None] = []  # per layer: its tensors for `fused_layers`
+        self._fns = LayerFns()
 
-    def fuse(self) -> None:
-        """Fuse for GPU decode: q/k/v in one GEMM, a dense MLP's gate/up in one GEMM, RMSNorms as one
-        kernel each. A decode step is a few hundred kernels per layer stack, each costing microseconds
-        even inside a CUDA graph, so fewer kernels is directly a faster step. The separate projections
-        become views into the fused weights: no memory is duplicated."""
+    def fuse(self, compile: bool = False) -> None:
+        """Fuse for GPU decode: q/k/v in one GEMM, a dense MLP's gate/up in one GEMM, and each layer
+        as the two functions of `fused_layers` (torch.compile'd with `compile`: a handful of kernels
+        around the GEMMs). A decode step is a few hundred kernels per layer stack, each costing
+        microseconds even inside a CUDA graph, so fewer kernels is directly a faster step. The separate
+        projections become views into the fused weights: no memory is duplicated."""
         for layer in self.layers:
             attn = layer.self_attn
             projs = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -52,6 +59,11 @@ class DecoderStack:
             dense = all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
             dense = dense and mlp.gate_proj.bias is None and mlp.up_proj.bias is None
             self._gate_up.append(_concat_weights((mlp.gate_proj, mlp.up_proj)) if dense else None)
+        if self._qkv:
+            weights = zip(self.layers, self._qkv, self._gate_up, strict=True)
+            self._fused = [layer_weights(layer, qkv, gate_up) for layer, qkv, gate_up in weights]
+            if compile and any(w is not None for w in self._fused):
+                self._fns = compiled_layer_fns()
 
     def make_cache(
         self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device
@@ -139,6 +151,12 @@ class DecoderStack:
         if 0 in keep:
             kept[0] = h
         for i, layer in enumerate(self.layers):
+            fused = self._fused[i] if self._fused else None
+            if fused is not None:
+                h = self._fused_layer(i, fused, h, cos, sin, cache, slot_idx, positions, kv_len, mask)
+                if i + 1 in keep:
+                    kept[i + 1] = h
+                continue
             attn = layer.self_attn
             x = self._norm(layer.input_layernorm, h)
             shape = (b, t, -1, self.head_dim)
@@ -157,6 +175,18 @@ class DecoderStack:
             if i + 1 in keep:
                 kept[i + 1] = h
         return self._norm(self.norm, h), kept
+
+    def _fused_layer(self, i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask) -> torch.Tensor:
+        try:
+            q, k, v = self._fns.inputs(h, w, cos, sin)
+            keys, values = cache.write_read(i, slot_idx, positions, k, v, kv_len)
+            return self._fns.outputs(h, q, keys, values, mask, w)
+        except Exception as e:  # compiling failed (no toolchain, an unsupported op): same math, eager
+            if not self._fns.compiled:
+                raise
+            log.warning("compiled decode layers unavailable (%s: %s): eager", type(e).__name__, e)
+            self._fns = LayerFns()
+            return self._fused_layer(i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask)
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not self._qkv:

@@ -64,11 +64,11 @@ class TalkerRunner:
         self.dtype = talker.dtype
         self.stack = DecoderStack(talker.model, multimodal_rope=True)
         if device.type == "cuda":
-            self.stack.fuse()
+            self.stack.fuse(compile=cfg.compile)
         self.codec_embed = talker.get_input_embeddings()
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
         graphs = cfg.execution == "cuda_graph"
-        self.predictor = CodePredictor(talker.code_predictor, cfg.max_batch, device, graphs)
+        self.predictor = CodePredictor(talker.code_predictor, cfg.max_batch, device, graphs, cfg.compile)
         self.decode_step = DecodeStep(self.stack, self.cache, cfg.max_batch, device, graphs, "talker")
         # [3, Ht]: text_projection of the thinker's tts_bos / tts_eos / tts_pad embeddings
         self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(tts_embeds.to(device, self.dtype))

@@ -93,3 +93,43 @@ def test_cuda_graphs_give_the_same_greedy_tokens_and_frames_as_eager(tiny_checkp
     graphed = drive(thinker, talker, requests)
     result = compare(eager, graphed)
     assert result["identical"], result
+
+
+def _stacks(runners) -> dict[str, object]:
+    thinker, talker = runners[("thinker", 0)], runners[("talker", 0)]
+    return {
+        "thinker": (thinker.stack, thinker.cache),
+        "talker": (talker.stack, talker.cache),
+        "code predictor": (talker.predictor.stack, talker.predictor.cache),
+    }
+
+
+@pytest.mark.parametrize("rows,tokens", [(1, 1), (3, 1), (2, 2)])
+def test_fused_decode_layers_match_transformers_modules(tiny_checkpoint: Path, rows: int, tokens: int) -> None:
+    """The GPU's fused layer math (`fused_layers`: own attention, MoE routing over grouped GEMMs, the
+    talker's shared expert), run eagerly on the CPU, against the layers' own transformers modules."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    gen = torch.Generator().manual_seed(0)
+    for name, (stack, cache) in _stacks(runners).items():
+        hidden = stack.layers[0].input_layernorm.weight.shape[0]
+        h = torch.randn(rows, tokens, hidden, generator=gen)
+        slot_idx = torch.arange(rows)
+        start_idx = torch.tensor([5, 0, 9][:rows])  # rows at different positions of their slots
+        keep = (1, len(stack.layers))
+        with torch.inference_mode():
+            for layer in stack.layers:  # weights of unit gain, so every part visibly moves the output
+                for param in layer.parameters():
+                    if param.dim() > 1:
+                        param.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
+                    else:
+                        param.uniform_(0.5, 1.5, generator=gen)
+            cache.k.normal_(generator=gen)  # earlier positions hold keys the step attends to
+            cache.v.normal_(generator=gen)
+            ref, ref_kept = stack.forward_indexed(h, cache, slot_idx, start_idx, 16, keep)
+            stack.fuse()
+            assert stack._fused and all(w is not None for w in stack._fused), name
+            out, kept = stack.forward_indexed(h, cache, slot_idx, start_idx, 16, keep)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4, msg=name)
+        for k in keep:
+            torch.testing.assert_close(kept[k], ref_kept[k], rtol=1e-4, atol=1e-4, msg=name)

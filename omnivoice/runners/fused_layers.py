@@ -1,0 +1,218 @@
+"""A decoder layer's decode-step math as two plain functions of tensors, compiled on GPUs.
+
+Inside a CUDA graph a decode step costs what its kernels cost, and most of a layer's kernels are
+small elementwise ones (norms, rope, residuals, the MoE's routing glue, activations), a few
+microseconds each. `attention_inputs` (norm, q/k/v GEMM, q/k norms, rope) and `attention_outputs`
+(attention, output projection, residual, norm, dense or MoE MLP, residual) are written as pure
+functions of tensors, so torch.compile fuses each into a handful of kernels around the GEMMs; every
+layer of a stack shares one compiled function (the weights are arguments, not modules). The KV-cache
+write between them stays an eager indexed copy into the cache.
+
+The math is transformers' Qwen3 / Qwen3-MoE layer (RMSNorms in float32, softmax routing with top-k
+renormalisation, SiLU-gated experts, the talker's sigmoid-gated shared expert). Where a layer is not
+of that shape, `layer_weights` returns None and the layer runs transformers' modules.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DenseWeights:
+    gate_up: torch.Tensor  # [2I, H]: gate rows, then up rows
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass(frozen=True)
+class MoeWeights:
+    router: torch.Tensor  # [E, H]
+    gate_up: torch.Tensor  # [E, 2I, H]
+    down: torch.Tensor  # [E, H, I]
+    top_k: int
+    renormalize: bool
+    shared: DenseWeights | None  # the talker's shared expert
+    shared_gate: torch.Tensor | None  # [1, H]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    in_norm: torch.Tensor
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    eps: float
+    qk_eps: float
+    q_heads: int
+    kv_heads: int
+    scaling: float
+    mlp: DenseWeights | MoeWeights
+
+
+def _is_silu(act: Any) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def layer_weights(layer: nn.Module, qkv: torch.Tensor, gate_up: torch.Tensor | None) -> LayerWeights | None:
+    """The tensors of a Qwen3(-MoE) decoder layer (with its fused q/k/v and gate/up weights), or None
+    if the layer is of another shape."""
+    attn, mlp = layer.self_attn, layer.mlp
+    mlp_weights: DenseWeights | MoeWeights
+    if gate_up is not None and _is_silu(mlp.act_fn):
+        mlp_weights = DenseWeights(gate_up, mlp.down_proj.weight)
+    elif hasattr(mlp, "experts") and hasattr(mlp, "gate"):
+        experts, router = mlp.experts, mlp.gate
+        if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False):
+            return None
+        if not _is_silu(experts.act_fn):
+            return None
+        shared = shared_gate = None
+        if hasattr(mlp, "shared_expert"):
+            se = mlp.shared_expert
+            if not _is_silu(se.act_fn) or any(p.bias is not None for p in (se.gate_proj, se.up_proj)):
+                return None
+            shared = DenseWeights(torch.cat([se.gate_proj.weight, se.up_proj.weight]), se.down_proj.weight)
+            shared_gate = mlp.shared_expert_gate.weight
+        mlp_weights = MoeWeights(
+            router.weight,
+            experts.gate_up_proj,
+            experts.down_proj,
+            int(router.top_k),
+            bool(router.norm_topk_prob),
+            shared,
+            shared_gate,
+        )
+    else:
+        return None
+    return LayerWeights(
+        in_norm=layer.input_layernorm.weight,
+        qkv=qkv,
+        q_norm=attn.q_norm.weight,
+        k_norm=attn.k_norm.weight,
+        o=attn.o_proj.weight,
+        post_norm=layer.post_attention_layernorm.weight,
+        eps=float(layer.input_layernorm.variance_epsilon),
+        qk_eps=float(attn.q_norm.variance_epsilon),
+        q_heads=attn.q_proj.out_features // attn.head_dim,
+        kv_heads=attn.k_proj.out_features // attn.head_dim,
+        scaling=float(attn.scaling),
+        mlp=mlp_weights,
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen3 RMSNorm: statistics in float32, scaled by the weight in the input's dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_inputs(
+    h: torch.Tensor,
+    w: LayerWeights,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h [B, T, H], cos/sin [B, T, D] -> q [B, Hq, T, D], k and v [B, Hkv, T, D] (normed, rotated)."""
+    b, t, _ = h.shape
+    x = rms_norm(h, w.in_norm, w.eps)
+    qkv = F.linear(x, w.qkv).view(b, t, w.q_heads + 2 * w.kv_heads, -1)
+    q, k, v = qkv.split((w.q_heads, w.kv_heads, w.kv_heads), dim=2)
+    q = rms_norm(q, w.q_norm, w.qk_eps)
+    k = rms_norm(k, w.k_norm, w.qk_eps)
+    c, s = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, T, 1, D]
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+
+def attention_outputs(
+    h: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    w: LayerWeights,
+) -> torch.Tensor:
+    """h [B, T, H] and the layer's attention inputs (keys/values [B, Hkv, K, D], mask [B, 1, T, K]
+    True where attended) -> the layer's output [B, T, H]."""
+    b, hq, t, d = q.shape
+    group = hq // w.kv_heads
+    qg = q.reshape(b, w.kv_heads, group * t, d)  # heads of a kv group share its keys: no repeat
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * w.scaling  # [B, Hkv, G*T, K]
+    scores = scores.view(b, w.kv_heads, group, t, -1).masked_fill(~mask.unsqueeze(2), float("-inf"))
+    probs = scores.softmax(-1).to(q.dtype).view(b, w.kv_heads, group * t, -1)
+    out = torch.matmul(probs, values).view(b, hq, t, d).transpose(1, 2).reshape(b, t, hq * d)
+    h = h + F.linear(out, w.o)
+    x = rms_norm(h, w.post_norm, w.eps)
+    if isinstance(w.mlp, DenseWeights):
+        return h + _dense(x, w.mlp)
+    return h + _moe(x.view(b * t, -1), w.mlp).view(b, t, -1)
+
+
+def _dense(x: torch.Tensor, w: DenseWeights) -> torch.Tensor:
+    gate, up = F.linear(x, w.gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w.down)
+
+
+def _moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
+    """x [N, H] -> [N, H]: top-k of the softmax router, experts as two grouped GEMMs over the
+    (token, expert) pairs sorted by expert, weighted and summed back per token (deterministic)."""
+    n, hidden = x.shape
+    experts = w.gate_up.shape[0]
+    probs = F.linear(x, w.router).float().softmax(-1)
+    top, chosen = torch.topk(probs, w.top_k, dim=-1)  # [N, k]
+    if w.renormalize:
+        top = top / top.sum(-1, keepdim=True)
+    weights = top.to(x.dtype).reshape(-1)
+    ids, order = torch.sort(chosen.reshape(-1))
+    grouped = x[order // w.top_k]  # [N*k, H], by expert
+    # end of each expert's group = how many pairs chose a lower or equal expert (one kernel, fixed shape)
+    bounds = torch.arange(1, experts + 1, device=x.device)
+    offsets = torch.searchsorted(ids, bounds, out_int32=True)
+    gate, up = torch._grouped_mm(grouped, w.gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
+    out = torch._grouped_mm(F.silu(gate) * up, w.down.transpose(-2, -1), offs=offsets)
+    out = out * weights[order].unsqueeze(-1)
+    unsorted = torch.empty_like(out)
+    unsorted[order] = out
+    y = unsorted.view(n, w.top_k, hidden).sum(1)
+    if w.shared is not None:
+        assert w.shared_gate is not None
+        y = y + torch.sigmoid(F.linear(x, w.shared_gate)) * _dense(x, w.shared)
+    return y
+
+
+@dataclass
+class LayerFns:
+    """The two per-layer functions a stack's decode steps call: compiled ones, or the plain ones."""
+
+    inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = attention_inputs
+    outputs: Callable[..., torch.Tensor] = attention_outputs
+    compiled: bool = False
+
+
+def compiled_layer_fns() -> LayerFns:
+    """torch.compile'd layer functions (dynamic shapes: one compilation serves every batch bucket,
+    KV bucket and layer). Compilation happens at the first call, inside the first warm-up step."""
+    import torch._dynamo
+
+    # one code object serves the thinker, talker and code predictor stacks at several shapes
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    opts = {"dynamic": True, "fullgraph": True}
+    return LayerFns(torch.compile(attention_inputs, **opts), torch.compile(attention_outputs, **opts), True)
