@@ -54,8 +54,9 @@ class StageConfig(_Strict):
     )
     execution: Literal["eager", "cuda_graph"] = Field(
         "eager",
-        description="cuda_graph: capture each decode step (per batch-size and KV-length bucket) and the "
-        "code predictor's frame as CUDA graphs at start, then replay them (CUDA devices; thinker, talker)",
+        description="cuda_graph: capture each decode step (per batch-size and KV-length bucket), the "
+        "code predictor's frame and each Code2Wav forward (per batch-size bucket and window length) as "
+        "CUDA graphs at start, then replay them (CUDA devices only)",
     )
     compile: bool = Field(
         True,
@@ -113,12 +114,6 @@ class TalkerStage(StageConfig):
 
 class Code2WavStage(StageConfig):
     chunk: ChunkConfig = ChunkConfig()
-
-    @model_validator(mode="after")
-    def _check_code2wav_execution(self) -> Code2WavStage:
-        if self.execution != "eager":
-            raise ValueError("code2wav runs eagerly only (execution: eager)")
-        return self
 
 
 class StagesConfig(_Strict):

@@ -5,6 +5,8 @@ vocoder's transposed convolutions cannot finish the last samples of a window wit
 so a decode of frames [a, e) yields only its first (e - a) * upsample - lost samples. Instead of
 dropping what is missing (as transformers' chunked_decode does, leaving gaps), we emit audio up to
 where the window really ends and start the next chunk from there.
+
+The forwards themselves (padding to fixed shapes on a GPU, CUDA graphs) are `Code2WavStep`'s.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch
 from omnivoice.config import ChunkConfig, StageConfig
 from omnivoice.engine.chunks import CodecChunk, PcmOutput, StageFinished
 from omnivoice.engine.types import StageStats
+from omnivoice.runners.chunking import chunk_frames, window_lengths
+from omnivoice.runners.code2wav_step import Code2WavStep
 from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
 
 log = logging.getLogger(__name__)
@@ -48,17 +52,28 @@ class _Stream:
 class Code2WavRunner:
     name = "code2wav"
 
-    def __init__(self, code2wav: Any, cfg: StageConfig, chunk: ChunkConfig, device: torch.device) -> None:
+    def __init__(
+        self,
+        code2wav: Any,
+        cfg: StageConfig,
+        chunk: ChunkConfig,
+        device: torch.device,
+        pad: bool | None = None,
+    ) -> None:
+        """`pad`: decode at the padded shapes of a GPU (default: on CUDA devices only)."""
         self.model = code2wav
         self.cfg = cfg
         self.chunk = chunk
         self.device = device
         self.upsample = int(code2wav.total_upsample)
+        graphs = cfg.execution == "cuda_graph"
+        self.vocoder = Code2WavStep(code2wav, window_lengths(chunk), cfg.max_batch, device, graphs, pad)
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
         if device.type == "cuda":
             self._fuse_activations()
+            self.vocoder.warm_up()
 
     @torch.inference_mode()
     def _fuse_activations(self) -> None:
@@ -94,12 +109,7 @@ class Code2WavRunner:
 
     def _target(self, st: _Stream) -> int:
         """End frame of the next chunk, or 0 if it cannot be decoded yet."""
-        c = self.chunk
-        size = (
-            min(c.frames, c.first_frames * 2**st.chunks)
-            if c.ramp
-            else (c.first_frames if st.chunks == 0 else c.frames)
-        )
+        size = chunk_frames(self.chunk, st.chunks)
         if st.total - st.decoded_to >= size:
             return st.decoded_to + size
         if st.finished:
@@ -118,7 +128,7 @@ class Code2WavRunner:
     @torch.inference_mode()
     def step(self) -> list[Any]:
         outs: list[Any] = []
-        windows: dict[int, list[tuple[str, _Stream, int, int]]] = {}  # window length -> chunks
+        windows: dict[int, list[tuple[str, _Stream, int, int]]] = {}  # decoded length -> chunks
         n = 0
         for rid, st in list(self.streams.items()):
             if n >= self.cfg.max_batch:
@@ -126,23 +136,23 @@ class Code2WavRunner:
             end = self._target(st)
             if end > 0:
                 start = max(0, st.decoded_to - self.chunk.left_context)
-                windows.setdefault(end - start, []).append((rid, st, start, end))
+                windows.setdefault(self.vocoder.frames(end - start), []).append((rid, st, start, end))
                 n += 1
             elif st.finished and st.decoded_to >= st.total:
                 outs.append(StageFinished(rid, "code2wav", "stop", st.total))
                 del self.streams[rid]
         if windows:
-            # Same-length windows decode together, in one forward. One length per step, the shortest
-            # first: a new request's first chunk (the shortest window) never waits behind a batch of
-            # long ones, and its audio leaves as soon as its own small forward is done.
+            # Windows decoded at the same length (padded on a GPU: a final partial chunk joins the
+            # full ones) go together, in one forward. One length per step, the shortest first: a new
+            # request's first chunk (the shortest window) never waits behind a batch of long ones,
+            # and its audio leaves as soon as its own small forward is done.
             outs += self._decode(windows[min(windows)])
         self._last_batch = n
         self._steps += 1
         return outs
 
     def _decode(self, chunks: list[tuple[str, _Stream, int, int]]) -> list[Any]:
-        codes = np.stack([st.all_codes()[:, start:end] for _, st, start, end in chunks])  # [B, G, n]
-        wavs = self.model(torch.from_numpy(codes).to(self.device))[:, 0].float().cpu().numpy()  # [B, samples]
+        wavs = self.vocoder([st.all_codes()[:, start:end] for _, st, start, end in chunks])  # [samples]
         outs: list[Any] = []
         for (rid, st, start, end), wav in zip(chunks, wavs, strict=True):
             window_end = start * self.upsample + wav.shape[0]  # absolute sample where this decode stops

@@ -1,0 +1,123 @@
+"""One Code2Wav forward over a group of windows, at fixed shapes on a GPU (eager or a CUDA graph).
+
+Code2Wav is causal in time: its pre-transformer attends to the left only (a causal sliding window),
+its convolutions are left-padded, and each transposed convolution's output sample reads only the
+input samples it overlaps, the last `kernel - stride` outputs being trimmed. A decode of n frames
+yields n * upsample - lost samples (lost: 555 for the real vocoder), and appending frames on the
+right changes none of them. So a window can be right-padded with zero codes to a longer length L
+and its own samples are the first n * upsample - lost ones, i.e. all but the last (L - n) * upsample
+of the padded output. (Checked on the tiny checkpoint in tests/engine/test_code2wav_step.py.)
+
+On a GPU windows are padded to the few window lengths the chunking produces (`window_lengths`) and
+rows to a batch bucket (padding rows are zero codes, dropped), so a step has one of a small set of
+shapes; with `execution: cuda_graph` each is captured once at start and replayed with one launch
+instead of ~1,000 kernel launches from Python. Eager execution on the GPU pads to the same shapes,
+so both give identical samples. On the CPU windows are decoded at their exact size.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnivoice.runners.graphs import StepGraphs, batch_buckets, bucket
+from omnivoice.runners.transfer import to_device
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def cudnn_autotuning() -> Iterator[None]:
+    """cuDNN benchmarks its convolution algorithms for each new shape while this is open.
+
+    The chosen algorithm is cached per shape and used afterwards with the flag off too, so warming up
+    every shape here fixes the algorithms of later eager decodes and graphs (cuDNN's heuristic picked
+    a slow implicit-GEMM convolution at batch 32). The flag is process-wide: open this only while no
+    other stage runs (when the runners are built).
+    """
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+class Code2WavStep:
+    """Decodes windows of codec frames to waveforms: codes [G, n_i] per row -> samples per row."""
+
+    def __init__(
+        self,
+        code2wav: Any,
+        windows: tuple[int, ...],
+        max_batch: int,
+        device: torch.device,
+        graphs: bool,
+        pad: bool | None = None,
+    ) -> None:
+        self.model = code2wav
+        self.device = device
+        self.upsample = int(code2wav.total_upsample)
+        self.groups = int(code2wav.config.num_quantizers)
+        self.pad = device.type == "cuda" if pad is None else pad  # padding on CPU: tests only
+        self.windows = windows
+        self.batch_sizes = batch_buckets(max_batch)
+        self.graphs = StepGraphs(self._fn, "code2wav", enabled=graphs)
+
+    def frames(self, n: int) -> int:
+        """Frames a window of n frames is decoded as (the next window length when padding)."""
+        return bucket(n, self.windows) if self.pad else n
+
+    def rows(self, n: int) -> int:
+        """Rows a forward of n windows runs (its batch bucket when padding)."""
+        return bucket(n, self.batch_sizes) if self.pad else n
+
+    def __call__(self, windows: list[np.ndarray]) -> list[np.ndarray]:
+        """windows: int64 [G, n_i] each, all with the same `frames(n_i)` -> float32 [n_i * upsample -
+        lost] each: exactly what a decode of that window alone gives (to float rounding)."""
+        lengths = {self.frames(w.shape[1]) for w in windows}
+        if len(lengths) != 1:
+            raise ValueError(f"windows of {sorted(lengths)} padded frames cannot share a forward")
+        frames = lengths.pop()
+        codes = np.zeros((self.rows(len(windows)), self.groups, frames), dtype=np.int64)  # [R, G, L]
+        for row, window in enumerate(windows):
+            codes[row, :, : window.shape[1]] = window
+        out = self._run(to_device(torch.from_numpy(codes), self.device))  # [R, samples of L frames]
+        wav = out[: len(windows)].float().cpu().numpy()
+        cut = [(frames - w.shape[1]) * self.upsample for w in windows]  # samples of the padding frames
+        return [row[: wav.shape[1] - c] for row, c in zip(wav, cut, strict=True)]
+
+    def warm_up(self) -> None:
+        """Run every (batch bucket, window length) shape once with cuDNN autotuning, capturing its CUDA
+        graph when graphs are on, so nothing is tuned or captured while serving. Largest first: later,
+        smaller captures reuse the graph pool's memory."""
+        if not (self.pad and self.device.type == "cuda"):
+            return
+        began = time.perf_counter()
+        with torch.inference_mode(), cudnn_autotuning():
+            for rows in reversed(self.batch_sizes):
+                for frames in reversed(self.windows):
+                    self._run(torch.zeros(rows, self.groups, frames, dtype=torch.long, device=self.device))
+        torch.cuda.synchronize(self.device)
+        graphs = len(self.graphs.captured)
+        what = f"{graphs} CUDA graphs captured" if self.graphs.enabled else "every shape warmed up (eager)"
+        log.info(
+            "code2wav: %s in %.1f s (batch %s x window frames %s)",
+            what,
+            time.perf_counter() - began,
+            list(self.batch_sizes),
+            list(self.windows),
+        )
+
+    def _run(self, codes: torch.Tensor) -> torch.Tensor:
+        rows, _, frames = codes.shape
+        return self.graphs((rows, frames), {"codes": codes})[0]
+
+    def _fn(self, codes: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.model(codes)[:, 0],)  # [R, G, L] -> [R, samples]
