@@ -88,10 +88,10 @@ def build_parser(
     engine.set_defaults(func=_bench_engine)
     parity = modes.add_parser(
         "parity",
-        help="check that CUDA-graphed and eager execution give identical greedy tokens and codes",
-        description="Runs the same greedy requests through the thinker and talker runners with their "
-        "CUDA graphs off and on (one fixed step order) and compares text tokens and codec frames exactly; "
-        "exits 1 on any difference.",
+        help="check that CUDA-graphed and eager execution give identical greedy tokens, codes and audio",
+        description="Runs the same greedy requests through the thinker, talker and code2wav runners with "
+        "their CUDA graphs off and on (one fixed step order) and compares text tokens, codec frames and "
+        "PCM exactly (PCM within --pcm-atol); exits 1 on any difference.",
     )
     from omnivoice.bench.parity import add_arguments as add_parity_arguments  # argparse only
 
@@ -138,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     positional = [a for a in args_list if not a.startswith("-")]
     # the HTTP client's options (and httpx) only for `bench` itself, not for `bench engine`
     with_bench = positional[:1] == ["bench"] and positional[1:2] not in (
-        ["engine"], ["parity"], ["realtime"], ["soak"]
+        ["engine"],
+        ["parity"],
+        ["realtime"],
+        ["soak"],
     )
     try:
         parser = build_parser(
