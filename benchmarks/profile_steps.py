@@ -6,7 +6,10 @@ A development tool for the GPU runtime (not part of the package):
 
 Builds the thinker, talker and code2wav runners of the profile, starts `batch` requests, then times
 steps of each stage alone (no other stage running), the bare CUDA-graph replays, and writes the
-profiler's kernel and operator tables.
+profiler's kernel and operator tables. Code2Wav is timed on random codes at its first-chunk and its
+steady window (4 and 50 frames by default): transformers' forward at the exact shape, and the runner's
+padded step eager and graphed (graphed only with `execution: cuda_graph`). `--code2wav-only` skips
+the thinker and talker.
 """
 
 from __future__ import annotations
@@ -17,18 +20,103 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity
 from torch.profiler import profile as torch_profile
 
 
-def _timed(fn, n: int) -> float:
+def _timed(fn, n: int, warmups: int = 0) -> float:
+    for _ in range(warmups):
+        fn()
     torch.cuda.synchronize()
     began = time.perf_counter()
     for _ in range(n):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - began) / n * 1e3
+
+
+def _write_profile(fn, path: Path) -> None:
+    """torch.profiler's kernel table (by GPU time) and operator table (by CPU time) of three calls."""
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    path.write_text(table + "\n\n" + cpu)
+
+
+@torch.inference_mode()
+def code2wav_figures(code2wav, batch: int, steps: int, out: Path) -> dict[str, float]:
+    """Code2Wav at `batch` windows of its first-chunk and steady lengths: transformers' forward at the
+    exact shape, the runner's padded step eager and graphed, and the bare graph replay."""
+    vocoder = code2wav.vocoder
+    figures: dict[str, float] = {}
+    groups = vocoder.groups
+    graphed = vocoder.graphs.pool is not None
+    for frames in (code2wav.chunk.first_frames, code2wav.chunk.frames + code2wav.chunk.left_context):
+        rng = np.random.default_rng(frames)
+        windows = [rng.integers(0, 2048, (groups, frames), dtype=np.int64) for _ in range(batch)]
+        codes = torch.from_numpy(np.stack(windows)).to(code2wav.device)  # [B, G, frames]
+        figures[f"code2wav_{frames}f_forward_ms"] = _timed(lambda c=codes: code2wav.model(c), steps, 2)
+        vocoder.graphs.enabled = False
+        figures[f"code2wav_{frames}f_step_eager_ms"] = _timed(lambda w=windows: vocoder(w), steps, 2)
+        if frames == code2wav.chunk.frames + code2wav.chunk.left_context:
+            _write_profile(lambda w=windows: vocoder(w), out / f"code2wav-b{batch}.txt")
+        vocoder.graphs.enabled = graphed
+        if not graphed:
+            continue
+        figures[f"code2wav_{frames}f_step_graphed_ms"] = _timed(lambda w=windows: vocoder(w), steps, 2)
+        entry = vocoder.graphs.captured[(vocoder.rows(batch), vocoder.frames(frames))]
+        figures[f"code2wav_{frames}f_graph_replay_ms"] = _timed(entry.graph.replay, steps, 2)
+        if frames == code2wav.chunk.frames + code2wav.chunk.left_context:
+            _write_profile(entry.graph.replay, out / f"code2wav-graphed-b{batch}.txt")
+    return figures
+
+
+def lm_figures(thinker, talker, profile, batch: int, steps: int, out: Path) -> dict[str, float]:
+    """Thinker and talker steps of `batch` running requests, and their bare graph replays."""
+    from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
+    from omnivoice.engine.chunks import NewRequest, ThinkerChunk
+    from omnivoice.models.dummy import NEWLINE_ID
+
+    cfg = EngineLoadConfig(batch, batch, 0, prompt_tokens=128, text_tokens=64, audio_frames=240)
+    requests = make_requests(profile, thinker.spec, cfg, NEWLINE_ID, batch, f"b{batch}")
+    for r in requests:
+        thinker.accept(NewRequest(r))
+
+    def thinker_step() -> None:
+        for out in thinker.step():
+            if isinstance(out, ThinkerChunk):
+                talker.accept(out)
+
+    with torch.inference_mode():
+        while len(thinker.running) < batch:  # prefill
+            thinker_step()
+        for _ in range(3):  # a few tokens ahead, so the talker has text to read
+            thinker_step()
+        for _ in range(2):
+            talker.step()  # talker prefill and a first decode
+        figures = {
+            "thinker_step_ms": _timed(thinker_step, steps),
+            "talker_step_ms": _timed(talker.step, steps),
+        }
+        rows = thinker.decode_step.rows(batch)
+        for name, step in (("thinker", thinker.decode_step), ("talker", talker.decode_step)):
+            for key, entry in step.graphs.captured.items():
+                if key[0] == rows and key[1] == step.kv_sizes[0]:
+                    figures[f"{name}_graph_replay_ms"] = _timed(entry.graph.replay, steps)
+        entry = talker.predictor.run.captured.get(rows)
+        if entry is not None:
+            figures["code_predictor_graph_replay_ms"] = _timed(entry.graph.replay, steps)
+        _write_profile(thinker_step, out / f"thinker-b{batch}.txt")
+        _write_profile(talker.step, out / f"talker-b{batch}.txt")
+    for r in requests:
+        thinker.abort(r.request_id)
+        talker.abort(r.request_id)
+    return figures
 
 
 def main() -> int:
@@ -38,75 +126,28 @@ def main() -> int:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=10, help="steps timed per stage")
+    parser.add_argument("--code2wav-only", action="store_true", help="time Code2Wav alone")
     parser.add_argument("--out", type=Path, required=True, help="folder for the tables and the JSON")
     args = parser.parse_args()
 
-    from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
     from omnivoice.config import load_profile
-    from omnivoice.engine.chunks import ThinkerChunk
     from omnivoice.engine.source import resolve_model_path
-    from omnivoice.models.dummy import NEWLINE_ID
     from omnivoice.runners.factory import build_runners
 
     args.out.mkdir(parents=True, exist_ok=True)
     profile = load_profile(args.profile)
     source = resolve_model_path(profile)
-    runners = build_runners(profile, source, only=(("thinker", 0), ("talker", 0), ("code2wav", 0)))
-    thinker, talker, code2wav = (runners[(s, 0)] for s in ("thinker", "talker", "code2wav"))
+    stages = ("code2wav",) if args.code2wav_only else ("thinker", "talker", "code2wav")
+    runners = build_runners(profile, source, only=tuple((s, 0) for s in stages))
+    code2wav = runners[("code2wav", 0)]
     results: dict[str, dict] = {}
     for batch in args.batch:
-        cfg = EngineLoadConfig(batch, batch, 0, prompt_tokens=128, text_tokens=64, audio_frames=240)
-        requests = make_requests(profile, thinker.spec, cfg, NEWLINE_ID, batch, f"b{batch}")
-        from omnivoice.engine.chunks import NewRequest
-
-        for r in requests:
-            thinker.accept(NewRequest(r))
-        with torch.inference_mode():
-            while len(thinker.running) < batch:  # prefill
-                for out in thinker.step():
-                    if isinstance(out, ThinkerChunk):
-                        talker.accept(out)
-            for _ in range(3):  # a few tokens ahead, so the talker has text to read
-                for out in thinker.step():
-                    if isinstance(out, ThinkerChunk):
-                        talker.accept(out)
-            for _ in range(2):
-                talker.step()  # talker prefill and a first decode
-
-            def thinker_step() -> None:
-                for out in thinker.step():
-                    if isinstance(out, ThinkerChunk):
-                        talker.accept(out)
-
-            figures = {
-                "thinker_step_ms": _timed(thinker_step, args.steps),
-                "talker_step_ms": _timed(talker.step, args.steps),
-            }
-            rows = thinker.decode_step.rows(batch)
-            for name, step in (("thinker", thinker.decode_step), ("talker", talker.decode_step)):
-                for key, entry in step.graphs.captured.items():
-                    if key[0] == rows and key[1] == step.kv_sizes[0]:
-                        figures[f"{name}_graph_replay_ms"] = _timed(entry.graph.replay, args.steps)
-            entry = talker.predictor.run.captured.get(rows)
-            if entry is not None:
-                figures["code_predictor_graph_replay_ms"] = _timed(entry.graph.replay, args.steps)
-            codes = torch.randint(0, 2048, (batch, 16, 50), device=code2wav.device)
-            figures["code2wav_50_frames_ms"] = _timed(lambda c=codes: code2wav.model(c), 3)
-            for name, fn in (
-                ("thinker", thinker_step),
-                ("talker", talker.step),
-                ("code2wav", lambda c=codes: code2wav.model(c)),
-            ):
-                with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    for _ in range(3):
-                        fn()
-                    torch.cuda.synchronize()
-                table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-                cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-                (args.out / f"{name}-b{batch}.txt").write_text(table + "\n\n" + cpu)
-        for r in requests:
-            thinker.abort(r.request_id)
-            talker.abort(r.request_id)
+        figures = {}
+        if not args.code2wav_only:
+            figures |= lm_figures(
+                runners[("thinker", 0)], runners[("talker", 0)], profile, batch, args.steps, args.out
+            )
+        figures |= code2wav_figures(code2wav, batch, args.steps, args.out)
         results[f"batch {batch}"] = {k: round(v, 2) for k, v in figures.items()}
         print(f"batch {batch}: {json.dumps(results[f'batch {batch}'])}", flush=True)
     (args.out / "steps.json").write_text(json.dumps(results, indent=1))

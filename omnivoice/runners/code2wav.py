@@ -23,7 +23,7 @@ from omnivoice.config import ChunkConfig, StageConfig
 from omnivoice.engine.chunks import CodecChunk, PcmOutput, StageFinished
 from omnivoice.engine.types import StageStats
 from omnivoice.runners.chunking import chunk_frames, window_lengths
-from omnivoice.runners.code2wav_step import Code2WavStep
+from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
 from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,9 @@ class Code2WavRunner:
         self._steps = 0
         self._last_batch = 0
         if device.type == "cuda":
-            self._fuse_activations()
-            self.vocoder.warm_up()
+            with cudnn_autotuning():  # the fused kernels' first decode included
+                self._fuse_activations()
+                self.vocoder.warm_up()
 
     @torch.inference_mode()
     def _fuse_activations(self) -> None:
