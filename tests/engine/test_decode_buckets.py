@@ -106,7 +106,9 @@ def _stacks(runners) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("rows,tokens", [(1, 1), (3, 1), (2, 2)])
-def test_fused_decode_layers_match_transformers_modules(tiny_checkpoint: Path, rows: int, tokens: int) -> None:
+def test_fused_decode_layers_match_transformers_modules(
+    tiny_checkpoint: Path, rows: int, tokens: int
+) -> None:
     """The GPU's fused layer math (`fused_layers`: own attention, MoE routing over grouped GEMMs, the
     talker's shared expert), run eagerly on the CPU, against the layers' own transformers modules."""
     profile = _profile(tiny_checkpoint, "cpu", "eager")
