@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from omnivoice.runners.decoder import DecoderStack
+from omnivoice.runners.fused_layers import compile_fn
 from omnivoice.runners.graphs import StepGraphs
 
 # transformers' generate() samples the residual codebooks with these when the talker samples
@@ -31,9 +33,14 @@ class CodePredictor:
         self.embeds = module.model.codec_embedding  # G-1 embeddings, one per residual codebook
         self.heads = module.lm_head  # G-1 heads
         self.groups = len(self.heads) + 1
+        if any(head.bias is not None for head in self.heads):
+            raise ValueError("code predictor heads with a bias are not supported")
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
         self.run = StepGraphs(self._frame, "code predictor", enabled=graphs)
+        self._code = residual_code
+        if device.type == "cuda" and compile:
+            self._code = compile_fn(residual_code)
 
     def predict(
         self,
@@ -62,13 +69,23 @@ class CodePredictor:
         codes: list[torch.Tensor] = []
         embeds: list[torch.Tensor] = []
         for k in range(self.groups - 1):
-            code = sample_residual(self.heads[k](h[:, -1]), uniforms[:, k], greedy)  # [B]
-            codes.append(code)
-            embeds.append(self.embeds[k](code))  # [B, Ht]
+            head, table = self.heads[k].weight, self.embeds[k].weight
+            code, embed = self._code(h[:, -1], head, table, uniforms[:, k], greedy)
+            codes.append(code)  # [B]
+            embeds.append(embed)  # [B, Ht]
             if k == self.groups - 2:
                 break
             h, _ = self.stack.forward_indexed(embeds[-1][:, None], self.cache, slots, start + 2 + k, kv_len)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+
+
+def residual_code(
+    hidden: torch.Tensor, head: torch.Tensor, table: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [B, H] -> a residual code [B] (its head's logits sampled as `sample_residual`) and its
+    embedding [B, H] from `table`."""
+    code = sample_residual(F.linear(hidden, head), u, greedy)
+    return code, F.embedding(code, table)
 
 
 def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:

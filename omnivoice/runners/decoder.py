@@ -177,16 +177,15 @@ class DecoderStack:
         return self._norm(self.norm, h), kept
 
     def _fused_layer(self, i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask) -> torch.Tensor:
+        args = (h, w, cos, sin, cache.k[i], cache.v[i], slot_idx, positions, mask, kv_len)
         try:
-            q, k, v = self._fns.inputs(h, w, cos, sin)
-            keys, values = cache.write_read(i, slot_idx, positions, k, v, kv_len)
-            return self._fns.outputs(h, q, keys, values, mask, w)
+            return self._fns.layer(*args)
         except Exception as e:  # compiling failed (no toolchain, an unsupported op): same math, eager
             if not self._fns.compiled:
                 raise
             log.warning("compiled decode layers unavailable (%s: %s): eager", type(e).__name__, e)
             self._fns = LayerFns()
-            return self._fused_layer(i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask)
+            return self._fns.layer(*args)
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not self._qkv:

@@ -16,6 +16,7 @@ of that shape, `layer_weights` returns None and the layer runs transformers' mod
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omnivoice.runners.kv_cache import write_read
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +145,26 @@ def attention_inputs(
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
+def decode_layer(
+    h: torch.Tensor,
+    w: LayerWeights,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_idx: torch.Tensor,
+    positions: torch.Tensor,
+    mask: torch.Tensor,
+    kv_len: int,
+) -> torch.Tensor:
+    """One layer of a decode step: h [B, T, H] at `positions` [B, T] of KV slots slot_idx [B] (this
+    layer's k/v cache [slots, Hkv, max_len, D], written in place), attending to the first `kv_len`
+    positions under `mask` [B, 1, T, kv_len] -> the layer's output [B, T, H]."""
+    q, k, v = attention_inputs(h, w, cos, sin)
+    keys, values = write_read(k_cache, v_cache, slot_idx, positions, k, v, kv_len)
+    return attention_outputs(h, q, keys, values, mask, w)
+
+
 def attention_outputs(
     h: torch.Tensor,
     q: torch.Tensor,
@@ -181,17 +204,19 @@ def _moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     if w.renormalize:
         top = top / top.sum(-1, keepdim=True)
     weights = top.to(x.dtype).reshape(-1)
-    ids, order = torch.sort(chosen.reshape(-1))
-    grouped = x[order // w.top_k]  # [N*k, H], by expert
-    # end of each expert's group = how many pairs chose a lower or equal expert (one kernel, fixed shape)
-    bounds = torch.arange(1, experts + 1, device=x.device)
-    offsets = torch.searchsorted(ids, bounds, out_int32=True)
+    # Group the (token, expert) pairs by expert without a sort: a pair's place is its expert's start
+    # plus how many earlier pairs chose that expert (elementwise work and one scan: fused kernels)
+    pairs = chosen.reshape(-1)  # [P], P = N*k, pair p = (token p // k, expert pairs[p])
+    hits = (pairs.unsqueeze(1) == torch.arange(experts, device=x.device)).int()  # [P, E]
+    seen = hits.cumsum(0)  # [P, E]: pairs up to p that chose each expert
+    offsets = seen[-1].cumsum(0).to(torch.int32)  # [E]: end of each expert's group
+    place = (offsets - seen[-1])[pairs] + seen.gather(1, pairs.unsqueeze(1)).squeeze(1) - 1  # [P]
+    token = torch.arange(pairs.shape[0], device=x.device) // w.top_k
+    grouped = x.new_empty(pairs.shape[0], hidden)
+    grouped[place] = x[token]
     gate, up = torch._grouped_mm(grouped, w.gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
     out = torch._grouped_mm(F.silu(gate) * up, w.down.transpose(-2, -1), offs=offsets)
-    out = out * weights[order].unsqueeze(-1)
-    unsorted = torch.empty_like(out)
-    unsorted[order] = out
-    y = unsorted.view(n, w.top_k, hidden).sum(1)
+    y = (out[place] * weights.unsqueeze(-1)).view(n, w.top_k, hidden).sum(1)
     if w.shared is not None:
         assert w.shared_gate is not None
         y = y + torch.sigmoid(F.linear(x, w.shared_gate)) * _dense(x, w.shared)
@@ -200,19 +225,26 @@ def _moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
 
 @dataclass
 class LayerFns:
-    """The two per-layer functions a stack's decode steps call: compiled ones, or the plain ones."""
+    """The per-layer function a stack's decode steps call: compiled, or the plain one."""
 
-    inputs: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = attention_inputs
-    outputs: Callable[..., torch.Tensor] = attention_outputs
+    layer: Callable[..., torch.Tensor] = decode_layer
     compiled: bool = False
 
 
-def compiled_layer_fns() -> LayerFns:
-    """torch.compile'd layer functions (dynamic shapes: one compilation serves every batch bucket,
-    KV bucket and layer). Compilation happens at the first call, inside the first warm-up step."""
+def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """torch.compile for decode-step functions (dynamic shapes: one compilation serves every batch
+    bucket, KV bucket and layer). Compilation happens at the first call, in the first warm-up step."""
     import torch._dynamo
+    import torch.fx.experimental._config as fx_config
 
     # one code object serves the thinker, talker and code predictor stacks at several shapes
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    opts = {"dynamic": True, "fullgraph": True}
-    return LayerFns(torch.compile(attention_inputs, **opts), torch.compile(attention_outputs, **opts), True)
+    # sizes that happen to be equal (a KV bucket and a head dim, say) must not be assumed to stay so
+    fx_config.use_duck_shape = False
+    # a note inductor prints for every softmax it splits (the router's, the code predictor's heads)
+    warnings.filterwarnings("ignore", message="\\s*Online softmax is disabled")
+    return torch.compile(fn, dynamic=True, fullgraph=True)
+
+
+def compiled_layer_fns() -> LayerFns:
+    return LayerFns(compile_fn(decode_layer), True)

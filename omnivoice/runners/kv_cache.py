@@ -82,10 +82,7 @@ class SlotKVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, kv_heads, T, D] of rows slot_idx [B] at positions [B, T]; read back the first
         `kv_len` positions of those slots [B, kv_heads, kv_len, D]. Device indices only (graph-safe)."""
-        rows = slot_idx.unsqueeze(1)  # [B, 1] broadcast against positions [B, T]
-        self.k[layer][rows, :, positions] = k.transpose(1, 2)  # target [B, T, kv_heads, D]
-        self.v[layer][rows, :, positions] = v.transpose(1, 2)
-        return self.k[layer][slot_idx, :, :kv_len], self.v[layer][slot_idx, :, :kv_len]
+        return write_read(self.k[layer], self.v[layer], slot_idx, positions, k, v, kv_len)
 
     def read(
         self, layer: int, slots: list[int], length: int, slot_idx: torch.Tensor | None = None
@@ -99,3 +96,20 @@ class SlotKVCache:
             return self.k[layer, s : s + 1, :, :length], self.v[layer, s : s + 1, :, :length]
         idx = torch.tensor(slots, device=self.k.device) if slot_idx is None else slot_idx
         return self.k[layer, idx, :, :length], self.v[layer, idx, :, :length]
+
+
+def write_read(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_idx: torch.Tensor,
+    positions: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`SlotKVCache.write_read` on one layer's k/v [slots, kv_heads, max_len, D] (also traced by
+    torch.compile inside a fused decode layer, where the writes fuse with the rope that makes k)."""
+    rows = slot_idx.unsqueeze(1)  # [B, 1] broadcast against positions [B, T]
+    k_cache[rows, :, positions] = k.transpose(1, 2)  # target [B, T, kv_heads, D]
+    v_cache[rows, :, positions] = v.transpose(1, 2)
+    return k_cache[slot_idx, :, :kv_len], v_cache[slot_idx, :, :kv_len]
