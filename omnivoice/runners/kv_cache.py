@@ -22,7 +22,9 @@ class SlotKVCache:
         dtype: torch.dtype,
         device: torch.device | str,
     ) -> None:
-        shape = (num_layers, num_slots + 1, kv_heads, max_len, head_dim)
+        # one position more than a sequence may use: a read of the first kv_len <= max_len positions
+        # is then never the whole buffer, so compiled steps need no second version for that case
+        shape = (num_layers, num_slots + 1, kv_heads, max_len + 1, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
