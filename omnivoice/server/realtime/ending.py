@@ -83,10 +83,14 @@ async def close_connection(
     (the reason for closing; none for a client that stopped reading, CLOSE_POLICY), then close with
     `code` unless either side already did."""
     outbox.close()
-    try:
-        await asyncio.wait_for(writer, timeout=0 if code == CLOSE_POLICY else flush_s)
-    except (TimeoutError, Exception):
+    # asyncio.wait, not wait_for: awaiting a failed writer re-raises its exception here, and its
+    # traceback would then hold this frame, which holds the writer: a cycle that keeps the whole
+    # connection (session, audio, the socket's compressor) until the cyclic GC runs
+    await asyncio.wait([writer], timeout=0 if code == CLOSE_POLICY else flush_s)
+    if not writer.done():
         writer.cancel()
+    elif not writer.cancelled():
+        writer.exception()  # retrieved: serve_until_over logged why the socket failed
     if (
         websocket.client_state == WebSocketState.CONNECTED
         and websocket.application_state == WebSocketState.CONNECTED

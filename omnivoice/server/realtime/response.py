@@ -104,7 +104,9 @@ class Response:
         self._conversation = conversation
         self._resampler = resampler
         self._pacer = Pacer(ahead_s)
-        self._on_done = on_done
+        # called once, then dropped: the session keeps its last response, and a response holding the
+        # session's bound method would make a reference cycle that only the cyclic GC frees
+        self._on_done: Callable[[Response], None] | None = on_done
         self._transcript = ""
         self.task: asyncio.Task[None] | None = None
 
@@ -255,7 +257,9 @@ class Response:
         if item is not None:
             self._close_item(item)
         self._emit("response.done")
-        self._on_done(self)
+        on_done, self._on_done = self._on_done, None
+        if on_done is not None:
+            on_done(self)
 
     def _close_item(self, item: Item) -> None:
         content = item.content[0]

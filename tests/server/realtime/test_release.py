@@ -1,0 +1,81 @@
+"""A realtime session is freed by reference counting as soon as its connection ends, however it ends.
+
+Nothing of it (its audio, resamplers, the socket's compressor) may wait for the cyclic garbage
+collector: in a server that holds a model, full collections are rare, and the garbage of hundreds of
+sessions piled up in between grew the server's heap for good (issue 6). So these tests run with the
+cyclic collector off and expect the session object gone once its connection has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import websockets
+
+from ..fake_engine import FakeServer, Script
+from .fake import serve_realtime
+
+USER_TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[FakeServer]:
+    with serve_realtime(Script(audio_chunks=40, delay=0.02)) as s:  # answers stream for ~1 s
+        yield s
+
+
+@pytest.fixture
+def no_cyclic_gc() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+async def _next(ws: Any, kind: str) -> dict[str, Any]:
+    while True:
+        event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        if event["type"] == kind:
+            return event
+
+
+async def _released(srv: FakeServer, *refs: weakref.ref[Any]) -> bool:
+    deadline = time.monotonic() + 10
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return all(r() is None for r in refs) and not srv.app.state.realtime.sessions
+
+
+ENDINGS = ["abrupt disconnect mid-answer", "close mid-answer", "close after answers"]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+async def test_a_session_is_freed_without_the_cyclic_gc(
+    srv: FakeServer, no_cyclic_gc: None, ending: str
+) -> None:
+    url = srv.url.replace("http", "ws") + "/v1/realtime?model=omnivoice"
+    ws = await websockets.connect(url)
+    created = await _next(ws, "session.created")
+    session = srv.app.state.realtime.sessions[created["session"]["id"]]
+    refs = weakref.ref(session), weakref.ref(session.outbox)  # the outbox holds the socket
+    del session
+    for _ in range(2 if ending == "close after answers" else 1):
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": USER_TEXT}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        await _next(ws, "response.output_audio.delta")
+        if ending == "close after answers":
+            await _next(ws, "response.done")
+    if ending == "abrupt disconnect mid-answer":
+        ws.transport.abort()  # no close frame: the server's writer fails on its next send
+    else:
+        await ws.close()
+    assert await _released(srv, *refs), [gc.get_referrers(r()) for r in refs if r() is not None]
