@@ -91,7 +91,8 @@ async def _read_loop(websocket: WebSocket, session: Session, idle_timeout_s: flo
     while True:
         wait = idle_timeout_s - (time.monotonic() - last)
         try:
-            message = await asyncio.wait_for(websocket.receive(), timeout=max(wait, 0.001))
+            async with asyncio.timeout(max(wait, 0.001)):  # not wait_for: no task per message (ending.py)
+                message = await websocket.receive()
         except TimeoutError:
             if session.busy:  # the client is listening to a response
                 last = time.monotonic()

@@ -83,17 +83,20 @@ async def close_connection(
     (the reason for closing; none for a client that stopped reading, CLOSE_POLICY), then close with
     `code` unless either side already did."""
     outbox.close()
-    # asyncio.wait, not wait_for: awaiting a failed writer re-raises its exception here, and its
-    # traceback would then hold this frame, which holds the writer: a cycle that keeps the whole
-    # connection (session, audio, the socket's compressor) until the cyclic GC runs
+    # No asyncio.wait_for here: awaiting a failed writer would raise its exception in this frame, and
+    # wait_for runs what it awaits in a task of its own that ends holding its exception. Either way
+    # the exception's traceback holds frames that hold the task: a cycle that keeps the connection
+    # (session, audio, the socket's compressor) until the cyclic GC runs, rarely in a model server.
     await asyncio.wait([writer], timeout=0 if code == CLOSE_POLICY else flush_s)
     if not writer.done():
         writer.cancel()
     elif not writer.cancelled():
         writer.exception()  # retrieved: serve_until_over logged why the socket failed
+    outbox.discard()
     if (
         websocket.client_state == WebSocketState.CONNECTED
         and websocket.application_state == WebSocketState.CONNECTED
     ):
         with contextlib.suppress(Exception):  # the peer is already gone, or reads nothing
-            await asyncio.wait_for(websocket.close(code), timeout=1.0)
+            async with asyncio.timeout(1.0):
+                await websocket.close(code)

@@ -193,3 +193,9 @@ class Outbox:
         """Let `run` return once the queue is empty."""
         self._closing = True
         self._wake.set()
+
+    def discard(self) -> None:
+        """The connection is over and the writer gone: drop what was never sent, and the callbacks
+        that came with it, so nothing here keeps the session alive."""
+        self._queue.clear()
+        self._queued_bytes = 0

@@ -76,7 +76,8 @@ async def _read_loop(
 ) -> None:
     while True:
         try:
-            message = await asyncio.wait_for(websocket.receive(), timeout=idle_timeout_s)
+            async with asyncio.timeout(idle_timeout_s):  # not wait_for: no task per message (ending.py)
+                message = await websocket.receive()
         except TimeoutError:
             log.warning("call %s: nothing from the carrier for %g s; hanging up", call.label, idle_timeout_s)
             return

@@ -36,6 +36,10 @@ _DELTA = "response.output_audio.delta"
 _AUDIO = (_DELTA, "response.output_audio.done")
 
 
+def _ignore(event: Event) -> None:
+    """`on_event` once the call is over."""
+
+
 @dataclass
 class _Frame:
     item_id: str
@@ -119,6 +123,16 @@ class TwilioOutbox(Outbox):
             else:
                 self._wake.clear()
                 await self._wake.wait()
+
+    def discard(self) -> None:
+        # `on_event` is the call's bound method and the call holds this outbox: a cycle (with the
+        # session and its audio) that only the cyclic GC would free once the call is over
+        super().discard()
+        self._on_event = _ignore
+        self._control.clear()
+        self._frames.clear()
+        self._unmarked = []
+        self.playout.clear()
 
     # ---- framing -------------------------------------------------------------------------------
     def _frame(self, q: Queued) -> None:

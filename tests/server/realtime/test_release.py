@@ -1,4 +1,5 @@
-"""A realtime session is freed by reference counting as soon as its connection ends, however it ends.
+"""A realtime session (WebSocket or phone call) is freed by reference counting as soon as its connection
+ends, however it ends.
 
 Nothing of it (its audio, resamplers, the socket's compressor) may wait for the cyclic garbage
 collector: in a server that holds a model, full collections are rare, and the garbage of hundreds of
@@ -20,6 +21,7 @@ import pytest
 import websockets
 
 from ..fake_engine import FakeServer, Script
+from ..telephony.carrier import call
 from .fake import serve_realtime
 
 USER_TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}
@@ -78,4 +80,24 @@ async def test_a_session_is_freed_without_the_cyclic_gc(
         ws.transport.abort()  # no close frame: the server's writer fails on its next send
     else:
         await ws.close()
+    assert await _released(srv, *refs), [gc.get_referrers(r()) for r in refs if r() is not None]
+
+
+@pytest.mark.parametrize("ending", ["stop", "abrupt disconnect"])
+async def test_a_phone_call_is_freed_without_the_cyclic_gc(
+    srv: FakeServer, no_cyclic_gc: None, ending: str
+) -> None:
+    async with call(srv.url) as carrier:
+        await carrier.connected()
+        await carrier.start()
+        deadline = time.monotonic() + 10
+        while not srv.app.state.realtime.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        (session,) = srv.app.state.realtime.sessions.values()
+        refs = weakref.ref(session), weakref.ref(session.outbox)
+        del session
+        if ending == "stop":
+            await carrier.stop()
+        else:
+            carrier.ws.transport.abort()
     assert await _released(srv, *refs), [gc.get_referrers(r()) for r in refs if r() is not None]
