@@ -130,12 +130,12 @@ class TalkerRunner:
 
     # ---- internals ---------------------------------------------------------------------------
     def _t(self, a: np.ndarray) -> list[torch.Tensor]:
-        return list(torch.from_numpy(np.asarray(a)).to(self.device, self.dtype))
+        return list(to_device(torch.from_numpy(np.asarray(a)), self.device, self.dtype))
 
     def _new_seq(self, msg: ThinkerChunk) -> _Seq:
-        ids = torch.tensor(msg.prompt_ids, device=self.device)
-        embeds = torch.from_numpy(msg.prompt_embeds).to(self.device, self.dtype)  # [T, Hth]
-        hidden = torch.from_numpy(msg.prompt_hidden).to(self.device, self.dtype)  # [T, Hth]
+        ids = to_device(msg.prompt_ids, self.device)
+        embeds = to_device(torch.from_numpy(msg.prompt_embeds), self.device, self.dtype)  # [T, Hth]
+        hidden = to_device(torch.from_numpy(msg.prompt_hidden), self.device, self.dtype)  # [T, Hth]
         user = _user_positions(ids, self.spec)
         mm = user & _multimodal_positions(ids, self.spec)
         part = torch.empty(int(user.sum()), self.tts_pad.shape[-1], device=self.device, dtype=self.dtype)
@@ -163,7 +163,7 @@ class TalkerRunner:
         codec_part = torch.cat(
             [
                 torch.zeros(3, text_part.shape[-1], device=self.device, dtype=self.dtype),
-                self.codec_embed(torch.tensor(codec_ids, device=self.device)),
+                self.codec_embed(to_device(codec_ids, self.device)),
             ]
         )
         inputs = torch.cat([seq.user_part, text_part + codec_part])
@@ -203,7 +203,7 @@ class TalkerRunner:
         h, _ = self.stack.forward(
             inputs, self.cache, [s.slot for s in starting], [0] * len(ready), lengths=lengths
         )
-        last = h[torch.arange(len(ready), device=h.device), torch.tensor(lengths, device=h.device) - 1]
+        last = h[torch.arange(len(ready), device=h.device), to_device(lengths, h.device) - 1]
         return outs + self._sample(starting, last)
 
     def _decode(self, seqs: list[_Seq]) -> list[Any]:

@@ -199,8 +199,8 @@ class ThinkerRunner:
             firsts[p.request.request_id] = first
             rows.append(b)
         if seqs:
-            index = torch.tensor(rows, device=h.device)
-            ends = torch.tensor([lengths[b] - 1 for b in rows], device=h.device)
+            index = to_device(rows, h.device)
+            ends = to_device([lengths[b] - 1 for b in rows], h.device)
             logits = self.model.lm_head(h[index, ends])  # [B', V]
             outs += self._emit(seqs, logits, first_chunk=firsts)
         return outs
