@@ -137,6 +137,7 @@ async def soak(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
         )
         tally = SoakTally()
         baseline, _ = await probe.wait_quiet(client, base, tally.t0, args.settle_s)
+        baseline["sessions_opened"] = 0
         say("baseline: " + _progress(tally, baseline))
         stop = asyncio.Event()
         callers = [asyncio.create_task(caller(cfg, i, tally, stop)) for i in range(cfg.concurrency)]
@@ -144,6 +145,7 @@ async def soak(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
         while not stop.is_set():
             await asyncio.sleep(args.sample_s)
             samples.append(probe.compact(await probe.fetch_state(client, base), time.monotonic() - tally.t0))
+            samples[-1]["sessions_opened"] = tally.sessions_opened  # memory per session (soak_report)
             say(_progress(tally, samples[-1]))
             if _should_stop(args, tally):
                 stop.set()
@@ -158,6 +160,7 @@ async def soak(args: argparse.Namespace, cfg: SoakConfig) -> dict[str, Any]:
             await asyncio.sleep(args.linger_s)
         end = probe.compact(await probe.fetch_state(client, base), time.monotonic() - tally.t0)
         say("end: " + _progress(tally, end))
+    quiet["sessions_opened"] = end["sessions_opened"] = tally.sessions_opened
     samples += [quiet, end]
     report = summarize(tally, samples, baseline, end, load_s, settle_s, args.window_s)
     report["leaks"] = probe.leaks(baseline, end, args.fd_tolerance, args.task_tolerance)

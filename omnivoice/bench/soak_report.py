@@ -50,6 +50,32 @@ def _mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
+def growth(samples: list[dict[str, Any]], warmup_s: float, load_s: float) -> dict[str, Any]:
+    """Per process: resident memory against sessions opened, over the load samples after `warmup_s`
+    (allocator pools and caches fill during the warm-up). `kb_per_session` is the least-squares slope:
+    what a leak costs per session; a flat process is near 0."""
+    out: dict[str, Any] = {}
+    after = [s for s in samples if warmup_s <= s["t"] <= load_s]
+    for name in samples[0]["processes"]:
+        pts = [
+            (s["sessions_opened"], s["processes"][name]["rss_mb"]) for s in after if name in s["processes"]
+        ]
+        sessions = pts[-1][0] - pts[0][0] if pts else 0
+        slope = None
+        if sessions > 0:
+            mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+            sxx = sum((x - mx) ** 2 for x, _ in pts)
+            slope = round(1024 * sum((x - mx) * (y - my) for x, y in pts) / sxx, 1)
+        out[name] = {
+            "warmup_s": round(warmup_s, 1),
+            "sessions_after_warmup": sessions,
+            "rss_after_warmup_mb": pts[0][1] if pts else None,
+            "rss_load_end_mb": pts[-1][1] if pts else None,
+            "kb_per_session": slope,
+        }
+    return out
+
+
 def summarize(
     tally: SoakTally,
     samples: list[dict[str, Any]],
@@ -89,6 +115,7 @@ def summarize(
         "server": {
             "peak_sessions": max(s["sessions"] for s in samples),
             "memory": probe.memory(samples, baseline, end),
+            "memory_growth": growth(samples, rows[0]["end_s"], load_s),  # after the first window
             "shm_segments": {"start": baseline["shm_segments"], "end": end["shm_segments"]},
             "asyncio_tasks": {"start": baseline["asyncio_tasks"], "end": end["asyncio_tasks"]},
             "tombstones_end": end["tombstones"],
@@ -130,11 +157,16 @@ def format_table(report: dict[str, Any]) -> str:
             f"{w['start_s']:>5.0f}-{w['end_s']:<6.0f} {v['n']:>8}  {p:>16}  {w['server_rss_mb'] or '-':>13}"
             f"  {w['stage_rss_mb'] or '-':>12}"
         )
-    lines.append("process       RSS MB start / end / peak   fds start / end")
+    lines.append(
+        "process       RSS MB start / end / peak   fds start / end   KB/session after the 1st window"
+    )
     for name, m in srv["memory"].items():
+        g = srv["memory_growth"][name]
+        slope = "-" if g["kb_per_session"] is None else f"{g['kb_per_session']:.1f}"
+        n = g["sessions_after_warmup"]
         lines.append(
             f"{name:<13} {m['rss_start_mb']:>7.1f} / {m['rss_end_mb']:.1f} / {m['rss_peak_mb']:.1f}"
-            f"       {m['fds_start']} / {m['fds_end']}"
+            f"       {m['fds_start']:>3} / {m['fds_end']:<5}   {slope} ({n} sessions)"
         )
     lines += [
         row("shm segments start / end", f"{srv['shm_segments']['start']} / {srv['shm_segments']['end']}"),

@@ -14,10 +14,12 @@ import pytest
 from server.serve import serve_tiny
 
 from omnivoice.bench.soak_cli import add_arguments, run
+from omnivoice.bench.soak_report import growth
 
-pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+NO_ESPEAK = shutil.which("espeak-ng") is None
 
 
+@pytest.mark.skipif(NO_ESPEAK, reason="espeak-ng is not installed")
 def test_short_soak_leaks_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -44,4 +46,23 @@ def test_short_soak_leaks_nothing(tiny_checkpoint: Path, tmp_path: Path) -> None
     assert set(end["processes"]) == {"server", "thinker-0", "talker-0", "code2wav-0"}
     for name, m in server["memory"].items():
         assert m["fds_end"] <= m["fds_start"] + 4, name
+        assert server["memory_growth"][name]["sessions_after_warmup"] > 0, name
     assert report["latency"]["voice_to_voice_ms"]["n"] >= 10
+
+
+def test_memory_growth_is_the_slope_per_session_after_the_warmup() -> None:
+    def sample(t: float, opened: int, server_mb: float) -> dict:
+        return {"t": t, "sessions_opened": opened, "processes": {"server": {"rss_mb": server_mb}}}
+
+    # 1 MB per session during the warm-up (the first 10 s), then 0.1 MB (102.4 KB) per session
+    samples = [sample(t, 10 * t, 400 + 10 * t) for t in range(10)]
+    samples += [sample(t, 10 * t, 500 + (10 * t - 100) * 0.1) for t in range(10, 31)]
+    samples.append(sample(40, 300, 900))  # after the load (settling): left out
+    g = growth(samples, warmup_s=10, load_s=30)["server"]
+    assert g == {
+        "warmup_s": 10,
+        "sessions_after_warmup": 200,
+        "rss_after_warmup_mb": 500,
+        "rss_load_end_mb": 520,
+        "kb_per_session": 102.4,
+    }
