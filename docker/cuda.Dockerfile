@@ -14,11 +14,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
 
-# Ubuntu's Python 3.12 in a venv (the system one is externally managed); the base image fixes the
-# release, so the packages are not pinned one by one
+# Ubuntu's Python 3.12 in a venv (the system one is externally managed), and the C compiler and Python
+# headers Triton builds its kernel launchers with (the compiled decode layers, `compile: true`); the
+# base image fixes the release, so the packages are not pinned one by one
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 

@@ -6,6 +6,7 @@ replay), so the CPU tests switch it on and check that it changes no token and no
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from omnivoice.bench.parity import compare, drive, graph_steps
 from omnivoice.config import ProfileError, parse_profile
 from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners.factory import build_runners
+from omnivoice.runners.fused_layers import compiled_layer_fns
 from omnivoice.runners.graphs import batch_buckets, bucket, kv_buckets
 
 
@@ -42,8 +44,9 @@ def test_cuda_graph_execution_needs_a_cuda_device() -> None:
         assert ok.stages.stage(stage).execution == "cuda_graph"
 
 
-def _profile(checkpoint: Path, device: str, execution: str):
+def _profile(checkpoint: Path, device: str, execution: str, dtype: str = "float32"):
     stage = {"device": device, "execution": execution, "worker": "thread", "max_batch": 8, "max_seq_len": 512}
+    stage["dtype"] = dtype
     return parse_profile(
         {
             "model": {"path": str(checkpoint)},
@@ -96,13 +99,16 @@ def test_cuda_graphs_give_the_same_greedy_tokens_and_frames_as_eager(tiny_checkp
     assert result["identical"], result
 
 
-def _stacks(runners) -> dict[str, object]:
-    thinker, talker = runners[("thinker", 0)], runners[("talker", 0)]
-    return {
-        "thinker": (thinker.stack, thinker.cache),
-        "talker": (talker.stack, talker.cache),
-        "code predictor": (talker.predictor.stack, talker.predictor.cache),
-    }
+def _stacks(runners) -> dict[str, tuple]:
+    stacks = {}
+    if ("thinker", 0) in runners:
+        thinker = runners[("thinker", 0)]
+        stacks["thinker"] = (thinker.stack, thinker.cache)
+    if ("talker", 0) in runners:
+        talker = runners[("talker", 0)]
+        stacks["talker"] = (talker.stack, talker.cache)
+        stacks["code predictor"] = (talker.predictor.stack, talker.predictor.cache)
+    return stacks
 
 
 @pytest.mark.parametrize("rows,tokens", [(1, 1), (3, 1), (2, 2)])
@@ -136,3 +142,51 @@ def test_fused_decode_layers_match_transformers_modules(
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4, msg=name)
         for k in keep:
             torch.testing.assert_close(kept[k], ref_kept[k], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def _step(stack, cache, h: torch.Tensor) -> torch.Tensor:
+    rows = h.shape[0]
+    out, _ = stack.forward_indexed(h, cache, torch.arange(rows), torch.tensor([5, 0, 9][:rows]), 16)
+    return out
+
+
+@pytest.mark.parametrize("name", ["thinker", "talker", "code predictor"])
+def test_compiled_decode_layers_match_the_plain_ones(tiny_checkpoint: Path, name: str) -> None:
+    """torch.compile of the fused layer (inductor's C++ backend on the CPU, in bf16 as on a GPU):
+    the whole layer compiles as one graph (no eager fallback) and computes what the plain one does."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager", "bfloat16")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    stack, cache = _stacks(runners)[name]
+    hidden = stack.layers[0].input_layernorm.weight.shape[0]
+    h = torch.randn(3, 1, hidden, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    with torch.inference_mode():
+        stack.fuse()
+        plain, plain_cache = _step(stack, cache, h), cache.k.clone()
+        stack._fns = compiled_layer_fns()
+        cache.k.zero_()
+        compiled = _step(stack, cache, h)
+    assert stack._fns.compiled, "the compiled layer fell back to eager"
+    torch.testing.assert_close(compiled.float(), plain.float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(cache.k, plain_cache, rtol=0.05, atol=0.05)  # written in place
+
+
+def test_a_layer_that_cannot_compile_runs_eagerly_with_a_warning(
+    tiny_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CPU's grouped GEMM takes bf16 only, so compiling the float32 MoE layer fails (a real compile
+    error, as a missing toolchain would give): the step still runs, eagerly, and says so."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
+    stack, cache = _stacks(runners)["thinker"]
+    hidden = stack.layers[0].input_layernorm.weight.shape[0]
+    h = torch.randn(2, 1, hidden, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        stack.fuse()
+        plain = _step(stack, cache, h)
+        stack._fns = compiled_layer_fns()
+        with caplog.at_level(logging.WARNING, logger="omnivoice.runners.decoder"):
+            out = _step(stack, cache, h)
+    if stack._fns.compiled:
+        pytest.skip("this torch compiles float32 grouped GEMMs on the CPU: no compile failure to test")
+    assert "compiled decode layers unavailable" in caplog.text
+    torch.testing.assert_close(out, plain)
