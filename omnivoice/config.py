@@ -60,8 +60,9 @@ class StageConfig(_Strict):
     )
     compile: bool = Field(
         True,
-        description="CUDA devices: torch.compile each decoder layer's decode-step math into a few fused "
-        "kernels (compiled at start; falls back to eager, with a warning, if compiling fails)",
+        description="CUDA devices: torch.compile each decoder layer's decode-step math (thinker, talker, "
+        "code predictor) and Code2Wav's activations into a few fused kernels, at start; falls back to "
+        "eager, with a warning, if compiling fails. false: no torch.compile at all",
     )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section

@@ -73,7 +73,8 @@ class Code2WavRunner:
         self._last_batch = 0
         if device.type == "cuda":
             with cudnn_autotuning():  # the fused kernels' first decode included
-                self._fuse_activations()
+                if cfg.compile:
+                    self._fuse_activations()
                 self.vocoder.warm_up()
 
     @torch.inference_mode()
