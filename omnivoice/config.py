@@ -264,6 +264,13 @@ class AuthConfig(_Strict):
         description="with no key configured, still bind a non-loopback host (anyone can use it)",
     )
     rate_limit: RateLimitConfig = RateLimitConfig()
+    max_failed_auth_per_minute: int | None = Field(
+        default=30,
+        ge=1,
+        description="failed authentication attempts per minute from one client address; over it the "
+        "address gets 429 (even with a right key) until it recovers. null: no limit (behind a proxy, "
+        "where every client shares its address, throttle there)",
+    )
 
     @field_validator("allowed_origins")
     @classmethod

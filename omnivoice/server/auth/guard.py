@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from omnivoice.config import AuthConfig
+from omnivoice.server.auth.failures import AuthFailures
 from omnivoice.server.auth.keys import ANONYMOUS, ApiKeys
 from omnivoice.server.auth.limits import KeyLimits
 from omnivoice.server.auth.origins import OriginPolicy
@@ -43,6 +44,7 @@ class Auth:
         self.secrets = secrets
         self.origins = OriginPolicy(config.allowed_origins)
         self.limits = KeyLimits(config.rate_limit)
+        self.failures = AuthFailures(config.max_failed_auth_per_minute)
         self.stream_tokens = StreamTokens()
 
     def access(self, path: str, websocket: bool) -> Access:

@@ -1,6 +1,7 @@
 """The ASGI middleware that runs the auth policy (guard.Auth) before any route, HTTP or WebSocket:
 origin check (403), CORS preflight and headers for allowed other origins, the API key or client
-secret (401), and, for HTTP, the key's request rate (429). A WebSocket is refused before its
+secret (401; an address with too many failed attempts gets 429 first), and, for HTTP, the key's
+request rate (429). A WebSocket is refused before its
 handshake completes (an HTTP 401/403 answer); the realtime endpoints count its request and session
 against the key themselves, so that a client over a limit reads a Realtime `error` event."""
 
@@ -46,13 +47,18 @@ class AuthMiddleware:
                 await Response(status_code=204, headers=dict(_str(extra)))(scope, receive, send)
                 return
             send = _with_headers(send, cors_headers(origin))
+        address = (scope.get("client") or ("unknown", 0))[0]
         try:
+            if self.auth.access(scope["path"], websocket) != "public":
+                self.auth.failures.check(address)
             subprotocols = scope.get("subprotocols") or []
             principal = self.auth.authenticate(scope["path"], headers, subprotocols, websocket)
             if principal is not None and not websocket:
                 self.auth.limits.take(principal.owner)
         except APIError as err:
             log.info("%s %s refused: %s", scope["type"], scope["path"], err.message)
+            if err.status == 401:
+                self.auth.failures.failed(address)
             await _refuse(scope, receive, send, err)
             return
         except RateLimited as e:

@@ -21,7 +21,9 @@ OTHER_KEY = "sk-omnivoice-other-1b2c3d4e5f60718293"
 
 @contextmanager
 def serve_keyed(keys: tuple[str, ...] = (KEY, OTHER_KEY), **sections: Any) -> Iterator[FakeServer]:
-    """The fake engine behind a real uvicorn server with these API keys and profile sections."""
+    """The fake engine behind a real uvicorn server with these API keys and profile sections. Failed
+    attempts are not throttled unless `auth` says so (the tests fail on purpose, all from loopback)."""
+    sections["auth"] = {"max_failed_auth_per_minute": None, **sections.get("auth", {})}
     engines: list[FakeEngine] = []
     app = create_app(parse_profile(sections), FakeEngine.factory(engines=engines), api_keys=ApiKeys(keys))
     with serve(app) as url:

@@ -14,6 +14,7 @@ import pytest
 import websockets
 
 from omnivoice.config import RateLimitConfig
+from omnivoice.server.auth.failures import AuthFailures
 from omnivoice.server.auth.keys import key_id
 from omnivoice.server.auth.limits import KeyLimits, RateLimited
 
@@ -127,3 +128,56 @@ async def test_sessions_over_the_keys_cap_get_a_realtime_error() -> None:
             await call.next("session.created")
         finally:
             await call.close()
+
+
+def test_failed_attempts_per_address() -> None:
+    now = [0.0]
+    failures = AuthFailures(per_minute=3, clock=lambda: now[0])
+    failures.check("10.0.0.1")  # nothing counted yet
+    for _ in range(3):
+        failures.failed("10.0.0.1")
+    with pytest.raises(RateLimited, match="too many failed authentication attempts") as err:
+        failures.check("10.0.0.1")
+    assert err.value.retry_after_s == 20  # one attempt back every 20 s
+    failures.check("10.0.0.2")  # other addresses are not affected
+    now[0] = 20.0
+    failures.check("10.0.0.1")
+    failures.failed("10.0.0.1")
+    with pytest.raises(RateLimited):
+        failures.check("10.0.0.1")
+    unlimited = AuthFailures(per_minute=None)
+    for _ in range(100):
+        unlimited.failed("10.0.0.1")
+    unlimited.check("10.0.0.1")
+    assert len(unlimited) == 0
+
+
+def test_failed_attempts_table_is_bounded() -> None:
+    now = [0.0]
+    failures = AuthFailures(per_minute=2, clock=lambda: now[0], max_addresses=100)
+    for i in range(1000):
+        failures.failed(f"10.0.{i // 256}.{i % 256}")
+    assert len(failures) == 100  # the oldest were forgotten
+    failures.failed("10.9.9.9")
+    failures.failed("10.9.9.9")
+    with pytest.raises(RateLimited):
+        failures.check("10.9.9.9")  # the newest is still throttled
+    now[0] = 600.0  # every bucket refilled: a new address evicts those first
+    failures.failed("10.8.8.8")
+    assert len(failures) == 1
+
+
+async def test_an_address_guessing_keys_gets_429_then_even_a_right_key_waits() -> None:
+    with serve_keyed(auth={"max_failed_auth_per_minute": 3}) as s:
+        for _ in range(3):
+            r = httpx.get(f"{s.url}/v1/models", headers=bearer("sk-wrong-guess"))
+            assert r.status_code == 401
+        r = httpx.get(f"{s.url}/v1/models", headers=bearer(KEY))
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert "failed authentication" in r.json()["error"]["message"]
+        assert httpx.get(f"{s.url}/health").status_code == 200  # public routes stay open
+        with pytest.raises(websockets.InvalidStatus) as refused:  # the WebSocket too
+            async with websockets.connect(ws_url(s.url), additional_headers=bearer(KEY)):
+                pass
+        assert refused.value.response.status_code == 429
