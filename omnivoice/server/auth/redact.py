@@ -1,6 +1,6 @@
 """Keys never reach the logs: a logging filter that masks the API keys, any client secret or stream
 token, and whatever follows `Bearer`, `Basic`, the key subprotocol or a `key=`/`token=` query
-parameter (right or wrong keys alike), in a record's message, whatever logged it: uvicorn logs
+parameter (right or wrong keys alike), in a record's message and traceback, whatever logged it: uvicorn logs
 WebSocket paths with their query strings, and at debug level the handshake's headers."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable
 
 MASK = "***"
+_FORMATTER = logging.Formatter()
 _TOKENS = re.compile(r"\b(ek|tw)_[A-Za-z0-9_-]{8,}")  # client secrets, Twilio stream tokens
 _VALUE = r"[^\s,;\"'&]+"
 _CREDENTIALS = [
@@ -36,6 +37,14 @@ class RedactSecrets(logging.Filter):
         clean = self.redact(message)
         if clean != message:
             record.msg, record.args = clean, None
+        # a traceback can quote a key too (an exception's message, a local in a frame's source line):
+        # formatters print `exc_text` when it is set, so set it to the masked text
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = self.redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = self.redact(record.stack_info)
         return True
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 
 import httpx
 import pytest
@@ -40,6 +41,19 @@ def test_the_filter_masks_keys_and_tokens() -> None:
     assert f.redact("GET /x?model=m&api_key=sk-q&token=t") == "GET /x?model=m&api_key=***&token=***"
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "key %s in %s", (KEY, "args"), None)
     assert f.filter(record) and record.getMessage() == "key *** in args"
+
+
+def test_the_filter_masks_keys_in_tracebacks() -> None:
+    f = RedactSecrets([KEY])
+    try:
+        raise ValueError(f"bad header: Bearer {WRONG}, key {KEY}")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    record.stack_info = f"Stack (most recent call last):\n  token = '{KEY}'"
+    assert f.filter(record)
+    text = logging.Formatter().format(record)
+    assert "ValueError: bad header: Bearer ***, key ***" in text and "token = '***'" in text
+    assert KEY not in text and WRONG not in text
 
 
 def test_run_server_masks_the_keys_in_every_log_handler(caplog: pytest.LogCaptureFixture) -> None:
