@@ -308,6 +308,12 @@ class Profile(_Strict):
             # with a ray stage every connector is a Ray queue, which a spawned process cannot reach
             process = next(name for name, w in workers.items() if w == "process")
             raise ValueError(f"stages.{process}.worker: process cannot be mixed with ray (use thread)")
+        if self.realtime.max_buffer_seconds > self.server.max_audio_seconds:
+            # a committed realtime buffer becomes one audio part of the conversation
+            raise ValueError(
+                f"realtime.max_buffer_seconds ({self.realtime.max_buffer_seconds:g}) must be <= "
+                f"server.max_audio_seconds ({self.server.max_audio_seconds:g})"
+            )
         c = self.stages.code2wav.chunk
         if c.first_frames > c.frames:
             raise ValueError("stages.code2wav.chunk.first_frames must be <= frames")
