@@ -27,6 +27,7 @@ from omnivoice.engine.source import resolve_model_path
 from omnivoice.engine.stage import StageCrashed
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.types import (
+    TALKER_PROMPT_EXTRA,
     AudioChunk,
     ChatMessage,
     EngineOutput,
@@ -80,7 +81,11 @@ class Engine:
             sample_rate=spec.output_sample_rate,
             voices=voices,
             default_voice=default_voice,
-            max_prompt_tokens=profile.stages.thinker.max_seq_len - 1,
+            # the thinker's context, and the talker's room for a prompt's audio (else it could only fail)
+            max_prompt_tokens=min(
+                profile.stages.thinker.max_seq_len - 1,
+                profile.stages.talker.max_seq_len - TALKER_PROMPT_EXTRA,
+            ),
         )
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
         self._dispatcher.start()

@@ -158,3 +158,9 @@ class EngineStats:
     active_requests: int
     conversations: int = 0  # conversations the router keeps a thinker replica for (cache_key affinity)
     routed: int = 0  # requests counted against a replica by the router (sum of replica_load)
+
+
+# The talker's context holds a prompt's user positions plus 9 (the assistant start, tts pads and bos,
+# the codec's think/voice/pad/bos ids; runners/talker.py `_inputs`) and needs 2 more to write audio: a
+# prompt of at most talker.max_seq_len - TALKER_PROMPT_EXTRA tokens always leaves it room.
+TALKER_PROMPT_EXTRA = 11

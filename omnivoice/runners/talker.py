@@ -166,7 +166,7 @@ class TalkerRunner:
                 self.codec_embed(to_device(codec_ids, self.device)),
             ]
         )
-        inputs = torch.cat([seq.user_part, text_part + codec_part])
+        inputs = torch.cat([seq.user_part, text_part + codec_part])  # TALKER_PROMPT_EXTRA
         if inputs.shape[0] + 2 > self.cfg.max_seq_len:
             raise ValueError(
                 f"talker context of {inputs.shape[0]} positions leaves no room for audio in its "

@@ -14,6 +14,7 @@ import torch
 from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.engine import Engine
 from omnivoice.engine.types import (
+    TALKER_PROMPT_EXTRA,
     AudioChunk,
     AudioPart,
     ChatMessage,
@@ -281,6 +282,10 @@ async def test_the_talker_cuts_audio_to_its_context_and_fails_only_a_prompt_that
     try:
         long_user = [ChatMessage("user", (TextPart("the sea and the wind " * 40),))]
         no_room = replace(request(eng, 0, talker_tokens=20), prompt=eng.build_prompt(long_user))
+        # the servers refuse such a prompt up front (400 context_length_exceeded): the engine's limit
+        # is the talker's room, not only the thinker's context
+        assert eng.info.max_prompt_tokens == 128 - TALKER_PROMPT_EXTRA
+        assert len(no_room.prompt.input_ids) > eng.info.max_prompt_tokens
         capped, fine = request(eng, 0, talker_tokens=200), request(eng, 2, talker_tokens=20)
         (_, bad), (capped_outs, cut), (ok_outs, ok) = await asyncio.gather(
             collect(eng, no_room), collect(eng, capped), collect(eng, fine)
