@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from omnivoice.runners.decoder import DecoderStack
-from omnivoice.runners.fused_layers import compile_fn
+from omnivoice.runners.fused_layers import CompiledFn
 from omnivoice.runners.graphs import StepGraphs
 
 # transformers' generate() samples the residual codebooks with these when the talker samples
@@ -38,9 +38,9 @@ class CodePredictor:
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
         self.run = StepGraphs(self._frame, "code predictor", enabled=graphs)
-        self._code = residual_code
+        self._code: Any = residual_code
         if device.type == "cuda" and compile:
-            self._code = compile_fn(residual_code)
+            self._code = CompiledFn(residual_code, "code predictor sampling")
 
     def predict(
         self,

@@ -7,19 +7,16 @@ requests of different lengths decode together in one batch.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
-from omnivoice.runners.fused_layers import LayerFns, LayerWeights, compiled_layer_fns, layer_weights
+from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, decode_layer, layer_weights
 from omnivoice.runners.kv_cache import SlotKVCache
 from omnivoice.runners.transfer import to_device
-
-log = logging.getLogger(__name__)
 
 
 class DecoderStack:
@@ -39,7 +36,7 @@ class DecoderStack:
         self._qkv_split: tuple[int, int, int] = (0, 0, 0)
         self._gate_up: list[torch.Tensor | None] = []
         self._fused: list[LayerWeights | None] = []  # per layer: its tensors for `fused_layers`
-        self._fns = LayerFns()
+        self._layer: Callable[..., torch.Tensor] = decode_layer  # or its CompiledFn
 
     def fuse(self, compile: bool = False) -> None:
         """Fuse for GPU decode: q/k/v in one GEMM, a dense MLP's gate/up in one GEMM, and each layer
@@ -63,7 +60,7 @@ class DecoderStack:
             weights = zip(self.layers, self._qkv, self._gate_up, strict=True)
             self._fused = [layer_weights(layer, qkv, gate_up) for layer, qkv, gate_up in weights]
             if compile and any(w is not None for w in self._fused):
-                self._fns = compiled_layer_fns()
+                self._layer = CompiledFn(decode_layer, "decode layers")
 
     def make_cache(
         self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device
@@ -177,15 +174,7 @@ class DecoderStack:
         return self._norm(self.norm, h), kept
 
     def _fused_layer(self, i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask) -> torch.Tensor:
-        args = (h, w, cos, sin, cache.k[i], cache.v[i], slot_idx, positions, mask, kv_len)
-        try:
-            return self._fns.layer(*args)
-        except Exception as e:  # compiling failed (no toolchain, an unsupported op): same math, eager
-            if not self._fns.compiled:
-                raise
-            log.warning("compiled decode layers unavailable (%s: %s): eager", type(e).__name__, e)
-            self._fns = LayerFns()
-            return self._fns.layer(*args)
+        return self._layer(h, w, cos, sin, cache.k[i], cache.v[i], slot_idx, positions, mask, kv_len)
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not self._qkv:

@@ -223,14 +223,6 @@ def _moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     return y
 
 
-@dataclass
-class LayerFns:
-    """The per-layer function a stack's decode steps call: compiled, or the plain one."""
-
-    layer: Callable[..., torch.Tensor] = decode_layer
-    compiled: bool = False
-
-
 def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
     """torch.compile for decode-step functions (dynamic shapes: one compilation serves every batch
     bucket, KV bucket and layer). Compilation happens at the first call, in the first warm-up step."""
@@ -246,5 +238,21 @@ def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
-def compiled_layer_fns() -> LayerFns:
-    return LayerFns(compile_fn(decode_layer), True)
+class CompiledFn:
+    """`fn` compiled by torch.compile; if compiling fails (no toolchain, an op the compiler cannot
+    take), `fn` itself from then on, said once in the log. Same math either way."""
+
+    def __init__(self, fn: Callable[..., Any], what: str) -> None:
+        self.fn = fn
+        self.what = what
+        self.compiled = True
+        self._compiled = compile_fn(fn)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled:
+            try:
+                return self._compiled(*args)
+            except Exception as e:
+                log.warning("%s: not compiled (%s: %s); running eagerly", self.what, type(e).__name__, e)
+                self.compiled = False
+        return self.fn(*args)

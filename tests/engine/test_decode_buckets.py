@@ -17,7 +17,7 @@ from omnivoice.bench.parity import compare, drive, graph_steps
 from omnivoice.config import ProfileError, parse_profile
 from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners.factory import build_runners
-from omnivoice.runners.fused_layers import compiled_layer_fns
+from omnivoice.runners.fused_layers import CompiledFn, decode_layer
 from omnivoice.runners.graphs import batch_buckets, bucket, kv_buckets
 
 
@@ -162,10 +162,10 @@ def test_compiled_decode_layers_match_the_plain_ones(tiny_checkpoint: Path, name
     with torch.inference_mode():
         stack.fuse()
         plain, plain_cache = _step(stack, cache, h), cache.k.clone()
-        stack._fns = compiled_layer_fns()
+        stack._layer = CompiledFn(decode_layer, "decode layers")
         cache.k.zero_()
         compiled = _step(stack, cache, h)
-    assert stack._fns.compiled, "the compiled layer fell back to eager"
+    assert stack._layer.compiled, "the compiled layer fell back to eager"
     torch.testing.assert_close(compiled.float(), plain.float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(cache.k, plain_cache, rtol=0.05, atol=0.05)  # written in place
 
@@ -183,10 +183,10 @@ def test_a_layer_that_cannot_compile_runs_eagerly_with_a_warning(
     with torch.inference_mode():
         stack.fuse()
         plain = _step(stack, cache, h)
-        stack._fns = compiled_layer_fns()
-        with caplog.at_level(logging.WARNING, logger="omnivoice.runners.decoder"):
+        stack._layer = CompiledFn(decode_layer, "decode layers")
+        with caplog.at_level(logging.WARNING, logger="omnivoice.runners.fused_layers"):
             out = _step(stack, cache, h)
-    if stack._fns.compiled:
+    if stack._layer.compiled:
         pytest.skip("this torch compiles float32 grouped GEMMs on the CPU: no compile failure to test")
-    assert "compiled decode layers unavailable" in caplog.text
+    assert "decode layers: not compiled" in caplog.text
     torch.testing.assert_close(out, plain)
