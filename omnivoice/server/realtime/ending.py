@@ -92,7 +92,7 @@ async def close_connection(
         writer.cancel()
     elif not writer.cancelled():
         writer.exception()  # retrieved: serve_until_over logged why the socket failed
-    outbox.discard()
+    outbox.abandon()
     if (
         websocket.client_state == WebSocketState.CONNECTED
         and websocket.application_state == WebSocketState.CONNECTED

@@ -194,8 +194,14 @@ class Outbox:
         self._closing = True
         self._wake.set()
 
-    def discard(self) -> None:
-        """The connection is over and the writer gone: drop what was never sent, and the callbacks
-        that came with it, so nothing here keeps the session alive."""
+    def abandon(self) -> None:
+        """The connection is over and the writer gone: drop what was never sent, the callbacks that
+        came with it and the send function (a subclass's own bound method: a cycle), so nothing here
+        keeps the session alive."""
         self._queue.clear()
         self._queued_bytes = 0
+        self._raw_send = _gone
+
+
+async def _gone(text: str) -> None:
+    raise ConnectionError("the connection is over")

@@ -124,10 +124,10 @@ class TwilioOutbox(Outbox):
                 self._wake.clear()
                 await self._wake.wait()
 
-    def discard(self) -> None:
+    def abandon(self) -> None:
         # `on_event` is the call's bound method and the call holds this outbox: a cycle (with the
         # session and its audio) that only the cyclic GC would free once the call is over
-        super().discard()
+        super().abandon()
         self._on_event = _ignore
         self._control.clear()
         self._frames.clear()

@@ -11,7 +11,6 @@ data channel closes, or at shutdown; `close` releases everything, whatever ended
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from typing import Any
@@ -194,12 +193,12 @@ class Call:
         writer = self._writer
         if writer is not None:
             self.outbox.close()  # flush the last events (response.done) while the channel is up
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(writer), timeout=1.0)
+            await asyncio.wait([writer], timeout=1.0)  # not wait_for: see realtime/ending.py
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.outbox.track.stop()
+        self.outbox.abandon()
         try:
             await self.pc.close()
         except Exception:

@@ -104,6 +104,13 @@ class PlayoutTrack(MediaStreamTrack):
         self._emit({"type": "output_audio_buffer.cleared", "response_id": playing[0]})
         return playing[1]
 
+    def stop(self) -> None:
+        """End the track (the call is over): drop the queued audio and the outbox's `emit`, which
+        would otherwise keep this track and the outbox (which holds it) in a reference cycle."""
+        super().stop()
+        self._queue.clear()
+        self._emit = _ignore
+
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
@@ -161,6 +168,10 @@ class PlayoutTrack(MediaStreamTrack):
             self._emit({"type": "output_audio_buffer.stopped", "response_id": rid})
             self._ended.discard(rid)
             self._playing = None
+
+
+def _ignore(event: dict[str, Any]) -> None:
+    """`emit` of a stopped track."""
 
 
 def _s16(pcm: np.ndarray) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""A realtime session (WebSocket or phone call) is freed by reference counting as soon as its connection
-ends, however it ends.
+"""A realtime session (WebSocket, phone call or WebRTC call) is freed by reference counting as soon as
+its connection ends, however it ends.
 
 Nothing of it (its audio, resamplers, the socket's compressor) may wait for the cyclic garbage
 collector: in a server that holds a model, full collections are rare, and the garbage of hundreds of
@@ -17,11 +17,13 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 
 from ..fake_engine import FakeServer, Script
 from ..telephony.carrier import call
+from ..webrtc.peers import connect
 from .fake import serve_realtime
 
 USER_TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}
@@ -100,4 +102,22 @@ async def test_a_phone_call_is_freed_without_the_cyclic_gc(
             await carrier.stop()
         else:
             carrier.ws.transport.abort()
+    assert await _released(srv, *refs), [gc.get_referrers(r()) for r in refs if r() is not None]
+
+
+@pytest.mark.parametrize("ending", ["hang-up", "the client closes"])
+async def test_a_webrtc_call_is_freed_without_the_cyclic_gc(
+    srv: FakeServer, no_cyclic_gc: None, ending: str
+) -> None:
+    client = await connect(srv.url)
+    try:
+        await client.next("session.created")
+        (session,) = srv.app.state.realtime.sessions.values()
+        refs = weakref.ref(session), weakref.ref(session.outbox)  # the outbox holds the playout track
+        del session
+        if ending == "hang-up":
+            async with httpx.AsyncClient() as http:
+                await http.post(f"{srv.url}/v1/realtime/calls/{client.call_id}/hangup")
+    finally:
+        await client.close()
     assert await _released(srv, *refs), [gc.get_referrers(r()) for r in refs if r() is not None]
