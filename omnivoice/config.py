@@ -195,7 +195,12 @@ class RealtimeConfig(_Strict):
     max_sessions: int = Field(
         32, ge=1, description="realtime sessions open at once: WebSockets, WebRTC calls and phone calls"
     )
-    max_buffer_seconds: float = Field(60.0, gt=0, description="input audio buffer per session")
+    max_buffer_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="input audio buffer per session (at most server.max_audio_seconds: a committed buffer "
+        "is one audio part)",
+    )
     idle_timeout_s: float = Field(600.0, gt=0, description="close a session this long without events")
     max_audio_ahead_ms: int = Field(1000, ge=0, description="audio sent ahead of real-time playback")
     webrtc_connect_timeout_s: float = Field(
@@ -308,12 +313,6 @@ class Profile(_Strict):
             # with a ray stage every connector is a Ray queue, which a spawned process cannot reach
             process = next(name for name, w in workers.items() if w == "process")
             raise ValueError(f"stages.{process}.worker: process cannot be mixed with ray (use thread)")
-        if self.realtime.max_buffer_seconds > self.server.max_audio_seconds:
-            # a committed realtime buffer becomes one audio part of the conversation
-            raise ValueError(
-                f"realtime.max_buffer_seconds ({self.realtime.max_buffer_seconds:g}) must be <= "
-                f"server.max_audio_seconds ({self.server.max_audio_seconds:g})"
-            )
         c = self.stages.code2wav.chunk
         if c.first_frames > c.frames:
             raise ValueError("stages.code2wav.chunk.first_frames must be <= frames")

@@ -27,13 +27,6 @@ def test_chunk_sizes_are_checked() -> None:
         parse_profile({"stages": {"code2wav": {"chunk": {"first_frames": 30, "frames": 25}}}})
 
 
-def test_realtime_buffer_fits_the_audio_limit() -> None:
-    with pytest.raises(ProfileError, match=r"realtime\.max_buffer_seconds \(200\) must be <= server"):
-        parse_profile({"realtime": {"max_buffer_seconds": 200}})
-    ok = parse_profile({"realtime": {"max_buffer_seconds": 200}, "server": {"max_audio_seconds": 200}})
-    assert ok.realtime.max_buffer_seconds == 200
-
-
 def test_load_profile_reports_bad_yaml_and_missing_files(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("stages: [unclosed")

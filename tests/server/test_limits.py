@@ -125,8 +125,16 @@ async def test_a_realtime_response_refused_at_once_gets_an_error_and_a_failed_re
             await rec.close()
 
 
-async def test_an_oversized_event_gets_an_error_and_the_session_goes_on() -> None:
-    with serve_profile(realtime={"max_event_bytes": 4096, "max_buffer_seconds": 1.0}) as s:
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"realtime": {"max_event_bytes": 4096, "max_buffer_seconds": 1.0}},
+        # the server's audio limit caps the buffer too: a committed buffer is one audio part
+        {"realtime": {"max_event_bytes": 4096}, "server": {"max_audio_seconds": 1.0}},
+    ],
+)
+async def test_an_oversized_event_gets_an_error_and_the_session_goes_on(sections: dict) -> None:
+    with serve_profile(**sections) as s:
         async with client(s.url).realtime.connect(model="omnivoice") as conn:
             rec = Recorder(conn)
             await rec.next("session.created")

@@ -49,7 +49,9 @@ class Session:
         info = engine.info
         self.settings = SessionSettings(voice=info.default_voice)
         self.conversation = Conversation()
-        self.buffer = InputBuffer(int(rt.max_buffer_seconds * INPUT_RATE))
+        # a committed buffer becomes one audio part, which may not exceed the server's audio limit
+        buffer_s = min(rt.max_buffer_seconds, profile.server.max_audio_seconds)
+        self.buffer = InputBuffer(int(buffer_s * INPUT_RATE))
         self._vad: VadStream = vad.stream()
         self._detector = TurnDetector(self.settings.turn_detection) if self.settings.turn_detection else None
         self._speech: tuple[str, int] | None = None  # (item id, audio start) of the turn being spoken
