@@ -79,7 +79,7 @@ class Calls:
         task = asyncio.create_task(self._serve(call, on_close), name=f"call-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        log.info("%r opened", call)
+        log.info("%s opened", call.label)
         return call, answer
 
     async def _serve(self, call: Call, on_close: Callable[[], None]) -> None:
@@ -87,7 +87,7 @@ class Calls:
         try:
             await call.run(self.connect_timeout_s)
         except Exception:
-            log.exception("%r failed", call)
+            log.exception("%s failed", call.label)
             call.hang_up("internal error")
         finally:
             drained.cancel()
@@ -97,7 +97,7 @@ class Calls:
                 self.calls.pop(call.id, None)
                 self._service.release(call.session.id)
                 on_close()
-                log.info("%r closed: %s", call, call.end_reason)
+                log.info("%s closed: %s", call.label, call.end_reason)
 
     async def _end_at_shutdown(self, call: Call) -> None:
         """The server drains: let the call's response finish (or cancel it at the drain's expiry), say

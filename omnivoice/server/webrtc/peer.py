@@ -83,6 +83,11 @@ class Call:
         self.pc.on("datachannel", self._on_datachannel)
 
     def __repr__(self) -> str:
+        return self.label
+
+    @property
+    def label(self) -> str:
+        """How logs name the call: a string, so a log record never keeps the call alive."""
         return f"call {self.id} (session {self.session.id})"
 
     async def answer(self, offer_sdp: str) -> str:
@@ -93,7 +98,7 @@ class Call:
             self.pc.addTrack(self.outbox.track)
             await self.pc.setLocalDescription(await self.pc.createAnswer())
         except _AIORTC_OFFER_ERRORS as e:
-            log.info("%r: offer refused: %r", self, e)
+            log.info("%s: offer refused: %r", self.label, e)
             raise OfferError(str(e) or type(e).__name__) from None
         return self.pc.localDescription.sdp
 
@@ -115,7 +120,7 @@ class Call:
         if not self._connected.is_set():
             self.hang_up(f"not connected within {connect_timeout_s:g} s (ICE did not complete)")
             return
-        log.info("%r connected", self)
+        log.info("%s connected", self.label)
         if self._writer is None and not self._has_channel:
             self.outbox.discard = True
             self._writer = self._spawn(self.outbox.run(), f"writer-{self.id}")
@@ -141,7 +146,7 @@ class Call:
     # ---- peer connection events ----------------------------------------------------------------
     def _on_state(self) -> None:
         state = self.pc.connectionState
-        log.debug("%r: connection %s", self, state)
+        log.debug("%s: connection %s", self.label, state)
         if state == "connected":
             self._connected.set()
         elif state in ("failed", "closed"):
@@ -154,7 +159,7 @@ class Call:
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != LABEL or self._writer is not None:
-            log.info("%r: ignoring data channel %r", self, channel.label)
+            log.info("%s: ignoring data channel %r", self.label, channel.label)
             return
         self.outbox.channel = channel
         channel.on("message", self._on_message)
@@ -189,7 +194,7 @@ class Call:
         try:
             await self.session.close()
         except Exception:
-            log.exception("%r: closing the session failed", self)
+            log.exception("%s: closing the session failed", self.label)
         writer = self._writer
         if writer is not None:
             self.outbox.close()  # flush the last events (response.done) while the channel is up
@@ -202,4 +207,4 @@ class Call:
         try:
             await self.pc.close()
         except Exception:
-            log.exception("%r: closing the peer connection failed", self)
+            log.exception("%s: closing the peer connection failed", self.label)
