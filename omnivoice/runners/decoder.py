@@ -15,7 +15,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
 from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, decode_layer, layer_weights
-from omnivoice.runners.kv_cache import SlotKVCache
+from omnivoice.runners.kv_cache import SlotKVCache, write_read
 from omnivoice.runners.transfer import to_device
 
 
@@ -165,7 +165,7 @@ class DecoderStack:
             k = self._norm(attn.k_norm, k.view(shape)).transpose(1, 2)  # [B, Hkv, T, D]
             v = v.reshape(shape).transpose(1, 2)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            keys_, values = cache.write_read(i, slot_idx, positions, k, v, kv_len)
+            keys_, values = write_read(cache.k[i], cache.v[i], slot_idx, positions, k, v, kv_len)
             out, _ = sdpa_attention_forward(attn, q, keys_, values, mask, dropout=0.0, scaling=attn.scaling)
             h = h + attn.o_proj(out.reshape(b, t, -1))
             h = h + self._mlp(i, layer.mlp, self._norm(layer.post_attention_layernorm, h))

@@ -73,19 +73,6 @@ class SlotKVCache:
             self.k[layer, slot, :, start : start + t] = k[b]
             self.v[layer, slot, :, start : start + t] = v[b]
 
-    def write_read(
-        self,
-        layer: int,
-        slot_idx: torch.Tensor,
-        positions: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_len: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, kv_heads, T, D] of rows slot_idx [B] at positions [B, T]; read back the first
-        `kv_len` positions of those slots [B, kv_heads, kv_len, D]. Device indices only (graph-safe)."""
-        return write_read(self.k[layer], self.v[layer], slot_idx, positions, k, v, kv_len)
-
     def read(
         self, layer: int, slots: list[int], length: int, slot_idx: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,8 +96,11 @@ def write_read(
     v: torch.Tensor,
     kv_len: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`SlotKVCache.write_read` on one layer's k/v [slots, kv_heads, max_len, D] (also traced by
-    torch.compile inside a fused decode layer, where the writes fuse with the rope that makes k)."""
+    """Write k, v [B, kv_heads, T, D] of rows slot_idx [B] at positions [B, T] into one layer's
+    k_cache/v_cache [slots, kv_heads, max_len, D] (a SlotKVCache's `k[layer]`, `v[layer]`); read back
+    the first `kv_len` positions of those slots [B, kv_heads, kv_len, D]. Device indices only
+    (graph-safe); traced by torch.compile inside a fused decode layer too, where the writes fuse with
+    the rope that makes k."""
     rows = slot_idx.unsqueeze(1)  # [B, 1] broadcast against positions [B, T]
     k_cache[rows, :, positions] = k.transpose(1, 2)  # target [B, T, kv_heads, D]
     v_cache[rows, :, positions] = v.transpose(1, 2)
