@@ -40,8 +40,8 @@ class DecoderStack:
 
     def fuse(self, compile: bool = False) -> None:
         """Fuse for GPU decode: q/k/v in one GEMM, a dense MLP's gate/up in one GEMM, and each layer
-        as the two functions of `fused_layers` (torch.compile'd with `compile`: a handful of kernels
-        around the GEMMs). A decode step is a few hundred kernels per layer stack, each costing
+        as `fused_layers.decode_layer` (torch.compile'd with `compile`: a handful of kernels around
+        the GEMMs). A decode step is a few hundred kernels per layer stack, each costing
         microseconds even inside a CUDA graph, so fewer kernels is directly a faster step. The separate
         projections become views into the fused weights: no memory is duplicated."""
         for layer in self.layers:

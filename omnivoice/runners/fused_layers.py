@@ -1,12 +1,12 @@
-"""A decoder layer's decode-step math as two plain functions of tensors, compiled on GPUs.
+"""A decoder layer's decode-step math as one plain function of tensors, compiled on GPUs.
 
 Inside a CUDA graph a decode step costs what its kernels cost, and most of a layer's kernels are
 small elementwise ones (norms, rope, residuals, the MoE's routing glue, activations), a few
-microseconds each. `attention_inputs` (norm, q/k/v GEMM, q/k norms, rope) and `attention_outputs`
-(attention, output projection, residual, norm, dense or MoE MLP, residual) are written as pure
-functions of tensors, so torch.compile fuses each into a handful of kernels around the GEMMs; every
-layer of a stack shares one compiled function (the weights are arguments, not modules). The KV-cache
-write between them stays an eager indexed copy into the cache.
+microseconds each. `decode_layer` (norm, q/k/v GEMM, q/k norms, rope, the KV-cache writes,
+attention, output projection, residual, norm, dense or MoE MLP, residual) is written as a pure
+function of tensors, so torch.compile fuses it into a handful of kernels around the GEMMs, the cache
+writes included (in place); every layer of a stack shares one compiled function (the weights are
+arguments, not modules).
 
 The math is transformers' Qwen3 / Qwen3-MoE layer (RMSNorms in float32, softmax routing with top-k
 renormalisation, SiLU-gated experts, the talker's sigmoid-gated shared expert). Where a layer is not
@@ -196,7 +196,7 @@ def _dense(x: torch.Tensor, w: DenseWeights) -> torch.Tensor:
 
 def _moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """x [N, H] -> [N, H]: top-k of the softmax router, experts as two grouped GEMMs over the
-    (token, expert) pairs sorted by expert, weighted and summed back per token (deterministic)."""
+    (token, expert) pairs grouped by expert, weighted and summed back per token (deterministic)."""
     n, hidden = x.shape
     experts = w.gate_up.shape[0]
     probs = F.linear(x, w.router).float().softmax(-1)

@@ -1,9 +1,9 @@
 """The ASGI middleware that runs the auth policy (guard.Auth) before any route, HTTP or WebSocket:
 origin check (403), CORS preflight and headers for allowed other origins, the API key or client
 secret (401; an address with too many failed attempts gets 429 first), and, for HTTP, the key's
-request rate (429). A WebSocket is refused before its
-handshake completes (an HTTP 401/403 answer); the realtime endpoints count its request and session
-against the key themselves, so that a client over a limit reads a Realtime `error` event."""
+request rate (429). A WebSocket is refused before its handshake completes (an HTTP 401/403/429
+answer); the realtime endpoints count its request and session against the key themselves, so that a
+client over a limit reads a Realtime `error` event."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Keys never reach the logs: a logging filter that masks the API keys, any client secret or stream
 token, and whatever follows `Bearer`, `Basic`, the key subprotocol or a `key=`/`token=` query
-parameter (right or wrong keys alike), in a record's message and traceback, whatever logged it: uvicorn logs
-WebSocket paths with their query strings, and at debug level the handshake's headers."""
+parameter (right or wrong keys alike), in a record's message and traceback, whatever logged it:
+uvicorn logs WebSocket paths with their query strings, and at debug level the handshake's headers."""
 
 from __future__ import annotations
 
