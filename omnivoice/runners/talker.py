@@ -3,12 +3,20 @@
 A request joins the batch as soon as its first assistant token arrives. Each step runs, for every
 ready request at once, the code predictor (codebooks 1..15 of the previous frame) and one talker
 decode (codebook 0 of the next frame), as transformers' generate() does one request at a time.
+
+Every input of a step is on the device already: each slot's last codebook-0 token and hidden state
+stay there, and sampling keeps its state there too (`SlotSampler`). So on a GPU a step is queued
+without waiting for the one before it, and its frames and tokens are read back one step later
+(`overlap`): the host's work on step n (routing frames, checking for the end) runs while the GPU
+computes step n + 1. A request that samples its end token is therefore queued for one more step,
+whose row is dropped; every other end (a frame limit, an abort) is known before a step is queued.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +29,8 @@ from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
-from omnivoice.runners.sampling import RequestSampler, sample_rows
+from omnivoice.runners.graphs import StepGraphs
+from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.transfer import to_device
 
 if TYPE_CHECKING:
@@ -38,17 +47,29 @@ class _Seq:
     text: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of forwarded tokens
     text_done: bool = False
     slot: int = -1
-    sampler: RequestSampler | None = None
+    max_tokens: int = 0  # codebook-0 tokens it may sample (the last one never gets its frame)
+    sampled: int = 0  # codebook-0 tokens queued so far (its prefill's, then one per step)
     step: int = 0  # transformers' generation_step: index into the trailing text
-    code0: int = -1
-    hidden: torch.Tensor | None = None  # [Ht] talker's last hidden state
-    frames: int = 0
+    frames: int = 0  # frames handed on
     residual_rng: torch.Generator | None = None  # the code predictor's draws
 
     def ready(self) -> bool:
         if self.slot < 0:
             return len(self.text) >= 1
+        if self.sampled >= self.max_tokens:
+            return False  # its last token is queued: it ends when that step is read back
         return self.step + 1 < len(self.text) or self.text_done
+
+
+@dataclass
+class _Queued:
+    """A queued step whose results the host has not read yet."""
+
+    seqs: list[_Seq]
+    counts: list[int]  # each row's codebook-0 tokens with this step's
+    out: torch.Tensor  # host [n, G + 1]: each row's frame then its next token (prefill: [n, 1])
+    has_frames: bool
+    done: torch.cuda.Event | None  # when `out` is on the host (None on the CPU: it already is)
 
 
 class TalkerRunner:
@@ -72,8 +93,17 @@ class TalkerRunner:
         self.decode_step = DecodeStep(self.stack, self.cache, cfg.max_batch, device, graphs, "talker")
         # [3, Ht]: text_projection of the thinker's tts_bos / tts_eos / tts_pad embeddings
         self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(tts_embeds.to(device, self.dtype))
-        self.suppress = torch.tensor(spec.talker_suppressed_ids, device=device)
+        slots = self.cache.scratch + 1
+        vocab = talker.codec_head.out_features
+        suppress = torch.tensor(spec.talker_suppressed_ids, dtype=torch.long)
+        self.sampler = SlotSampler(slots, vocab, [spec.codec_eos_id], suppress, device)
+        self.sample_graphs = StepGraphs(self._head_sample, "talker sampling", enabled=graphs)
+        # each slot's last codebook-0 token and the talker's hidden state after it: the next step's input
+        self.code0 = torch.zeros(slots, dtype=torch.long, device=device)
+        self.hidden = torch.zeros(slots, self.tts_pad.shape[-1], dtype=self.dtype, device=device)
+        self.overlap = device.type == "cuda"  # read a step's results back after queuing the next
         self.seqs: dict[str, _Seq] = {}
+        self._queued: deque[_Queued] = deque()
         self._steps = 0
         self._last_batch = 0
         if graphs:
@@ -102,9 +132,11 @@ class TalkerRunner:
     def abort(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)
         if seq is not None and seq.slot >= 0:
-            self.cache.release(seq.slot)
+            self._release(seq)
 
     def has_work(self) -> bool:
+        if self._queued:
+            return True  # results to read back
         return any(s.ready() and (s.slot >= 0 or self.cache.free_slots > 0) for s in self.seqs.values())
 
     def active_ids(self) -> list[str]:
@@ -121,30 +153,41 @@ class TalkerRunner:
         outs: list[Any] = []
         batch = [s for s in self.seqs.values() if s.slot >= 0 and s.ready()]
         starting = [s for s in self.seqs.values() if s.slot < 0 and s.ready()][: self.cache.free_slots]
+        queued = len(self._queued)
         if starting:
             outs += self._prefill(starting)  # new requests together, in one forward
         if batch:
-            outs += self._decode(batch)
+            self._decode(batch)
         self._steps += 1
-        return outs
+        # with overlap, what was queued just now is read back on the next call, while the GPU runs it
+        keep = len(self._queued) - queued if self.overlap else 0
+        return outs + self._read_back(keep)
 
     # ---- internals ---------------------------------------------------------------------------
     def _t(self, a: np.ndarray) -> list[torch.Tensor]:
         return list(to_device(torch.from_numpy(np.asarray(a)), self.device, self.dtype))
 
     def _new_seq(self, msg: ThinkerChunk) -> _Seq:
-        ids = to_device(msg.prompt_ids, self.device)
-        embeds = to_device(torch.from_numpy(msg.prompt_embeds), self.device, self.dtype)  # [T, Hth]
-        hidden = to_device(torch.from_numpy(msg.prompt_hidden), self.device, self.dtype)  # [T, Hth]
+        # positions are chosen on the host (the ids are host data), so starting a request never waits
+        # for the GPU
+        ids = torch.as_tensor(msg.prompt_ids, dtype=torch.long)
         user = _user_positions(ids, self.spec)
         mm = user & _multimodal_positions(ids, self.spec)
+        audio_rows = (user & mm).nonzero()[:, 0]
+        text_rows = (user & ~mm).nonzero()[:, 0]
+        in_user = torch.cumsum(user.long(), 0) - 1  # each user position's row in the user part
         part = torch.empty(int(user.sum()), self.tts_pad.shape[-1], device=self.device, dtype=self.dtype)
-        sel_mm = mm[user]
-        if bool(sel_mm.any()):
-            part[sel_mm] = self.model.hidden_projection(hidden[mm])
-        if bool((~sel_mm).any()):
-            part[~sel_mm] = self.model.text_projection(embeds[user & ~mm])
-        return _Seq(request=msg.request, user_part=part, role_embeds=embeds[-3:])
+        if len(audio_rows):
+            hidden = self._rows(msg.prompt_hidden, audio_rows)
+            part[to_device(in_user[audio_rows], self.device)] = self.model.hidden_projection(hidden)
+        if len(text_rows):
+            embeds = self._rows(msg.prompt_embeds, text_rows)
+            part[to_device(in_user[text_rows], self.device)] = self.model.text_projection(embeds)
+        role = self._rows(msg.prompt_embeds, torch.arange(len(ids) - 3, len(ids)))
+        return _Seq(request=msg.request, user_part=part, role_embeds=role)
+
+    def _rows(self, a: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
+        return to_device(torch.from_numpy(np.asarray(a)[rows.numpy()]), self.device, self.dtype)
 
     def _inputs(self, seq: _Seq) -> torch.Tensor:
         """The talker's prompt for a request: its user turns, then the assistant start. [P, Ht]"""
@@ -191,41 +234,100 @@ class TalkerRunner:
         inputs = torch.stack(
             [torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[0])) for _, x in ready]
         )  # [B, P, Ht], right-padded
+        params = []
         for seq, x in ready:
             seq.slot = self.cache.alloc()
-            params = seq.request.talker
+            p = seq.request.talker
             room = self.cfg.max_seq_len - x.shape[0]  # as the thinker does: the answer is cut, not refused
-            if params.max_tokens > room:
+            if p.max_tokens > room:
                 log.debug("request %s: talker frames capped at %d", seq.request.request_id, room)
-                params = replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
-            seq.sampler = RequestSampler(params, [self.spec.codec_eos_id], suppress=self.suppress)
+                p = replace(p, max_tokens=room, min_tokens=min(p.min_tokens, room))
+            seq.max_tokens, seq.sampled = p.max_tokens, 1
+            params.append(p)
         starting = [seq for seq, _ in ready]
-        h, _ = self.stack.forward(
-            inputs, self.cache, [s.slot for s in starting], [0] * len(ready), lengths=lengths
-        )
+        slots = [s.slot for s in starting]
+        self.sampler.reset(slots, params, [()] * len(slots))
+        h, _ = self.stack.forward(inputs, self.cache, slots, [0] * len(ready), lengths=lengths)
         last = h[torch.arange(len(ready), device=h.device), to_device(lengths, h.device) - 1]
-        return outs + self._sample(starting, last)
+        slot_idx = to_device(slots, self.device)
+        (tokens,) = self._head_sample(last, slot_idx, self.sampler.draws(slots, len(slots)))
+        self.code0[slot_idx] = tokens
+        self.hidden[slot_idx] = last
+        self._queue(starting, tokens[:, None], has_frames=False)
+        return outs
 
-    def _decode(self, seqs: list[_Seq]) -> list[Any]:
+    def _decode(self, seqs: list[_Seq]) -> None:
+        """Queue one step of the batch: the frame of each row's last token, and its next token."""
         n = len(seqs)
         rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
-        code0 = to_device([s.code0 for s in seqs] + [0] * (rows - n), self.device)
-        hidden = pad_rows(torch.stack([s.hidden for s in seqs]), rows)  # [R, Ht]
+        slots = [s.slot for s in seqs]
+        slot_idx = to_device(slots + [self.cache.scratch] * (rows - n), self.device)
+        code0 = self.code0[slot_idx]  # [R]
         code0_embed = self.codec_embed(code0)
         uniforms, greedy = self._residual_draws(seqs, rows)
+        hidden = self.hidden[slot_idx]
         residual, residual_embeds = self.predictor.predict(hidden, code0_embed, uniforms, greedy)
-        frames = torch.cat([code0[:n, None], residual[:n]], dim=1)  # [B, G]
         summed = torch.cat([code0_embed[:, None], residual_embeds], dim=1).sum(1)  # [R, Ht]
         inputs = summed + pad_rows(self._trailing(seqs), rows)
-        h, _ = self.decode_step(inputs[:, None], [s.slot for s in seqs])
-        outs: list[Any] = []
-        frames_np = frames.cpu().numpy()
-        for b, s in enumerate(seqs):
+        h, _ = self.decode_step(inputs[:, None], slots)  # [n, Ht]
+        draws = self.sampler.draws(slots, rows)
+        (tokens,) = self.sample_graphs(rows, {"hidden": pad_rows(h, rows), "slot_idx": slot_idx, "u": draws})
+        self.code0[slot_idx[:n]] = tokens[:n]
+        self.hidden[slot_idx[:n]] = h
+        for s in seqs:
             s.step += 1
-            s.frames += 1
-            outs.append(CodecChunk(s.request.request_id, frames_np[b][:, None], False, first=s.frames == 1))
+            s.sampled += 1
         self._last_batch = n
-        return outs + self._sample(seqs, h)
+        out = torch.cat([code0[:n, None], residual[:n], tokens[:n, None]], dim=1)  # [n, G + 1]
+        self._queue(seqs, out, has_frames=True)
+
+    def _head_sample(
+        self, hidden: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor
+    ) -> tuple[torch.Tensor]:
+        """hidden [R, Ht] -> each row's next codebook-0 token [R], recorded in its slot's sampler."""
+        return (self.sampler.sample(self.model.codec_head(hidden), slot_idx, u),)
+
+    def _queue(self, seqs: list[_Seq], out: torch.Tensor, has_frames: bool) -> None:
+        done = None
+        if out.device.type == "cuda":
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            out = host
+        self._queued.append(_Queued(seqs, [s.sampled for s in seqs], out, has_frames, done))
+
+    def _read_back(self, keep: int) -> list[Any]:
+        """Hand on the frames of every queued step but the last `keep`, and end the requests whose
+        last token they hold."""
+        outs: list[Any] = []
+        while len(self._queued) > keep:
+            q = self._queued.popleft()
+            if q.done is not None:
+                q.done.synchronize()
+            out = q.out.numpy()
+            for b, s in enumerate(q.seqs):
+                rid = s.request.request_id
+                if self.seqs.get(rid) is not s:
+                    continue  # ended (its end token was in an earlier step) or aborted since
+                if q.has_frames:
+                    s.frames += 1
+                    outs.append(CodecChunk(rid, out[b, :-1, None].copy(), False, first=s.frames == 1))
+                token = int(out[b, -1])
+                reason = None
+                if token in self.sampler.end_ids:
+                    reason = "stop"
+                elif q.counts[b] >= s.max_tokens:
+                    reason = "length"  # the last codebook-0 token never gets its frame, as in transformers
+                if reason is not None:
+                    self.seqs.pop(rid, None)
+                    self._release(s)
+                    outs += self._finish_outputs(s, reason)
+        return outs
+
+    def _release(self, seq: _Seq) -> None:
+        self.cache.release(seq.slot)
+        self.sampler.release(seq.slot)
 
     def _residual_draws(self, seqs: list[_Seq], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniforms [R, G-1] for the code predictor's sampled codes, and which rows are greedy [R].
@@ -249,7 +351,7 @@ class TalkerRunner:
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
-        """Capture the decode and code-predictor graphs of every batch bucket before serving."""
+        """Capture the decode, code-predictor and sampling graphs of every batch bucket before serving."""
         ht = self.tts_pad.shape[-1]
         self.decode_step.capture_all(ht, self.dtype)
         began = time.perf_counter()
@@ -260,9 +362,12 @@ class TalkerRunner:
             self.predictor.predict(
                 zeros, zeros, uniforms, torch.ones(rows, dtype=torch.bool, device=self.device)
             )
+            # padding rows only: the capture's warm-up runs record tokens in the scratch slot alone
+            scratch = torch.full((rows,), self.cache.scratch, dtype=torch.long, device=self.device)
+            self.sample_graphs(rows, {"hidden": zeros, "slot_idx": scratch, "u": uniforms[:, 0]})
         log.info(
-            "code predictor: %d CUDA graphs captured in %.1f s",
-            len(self.predictor.run.captured),
+            "code predictor and sampling: %d CUDA graphs captured in %.1f s",
+            len(self.predictor.run.captured) + len(self.sample_graphs.captured),
             time.perf_counter() - began,
         )
 
@@ -279,28 +384,6 @@ class TalkerRunner:
                 rows.append(self.tts_eos if j == len(s.text) else self.tts_pad)
         projected = iter(self.model.text_projection(torch.stack(texts)) if texts else ())
         return torch.stack([next(projected) if r is None else r for r in rows])
-
-    def _sample(self, seqs: list[_Seq], hidden: torch.Tensor) -> list[Any]:
-        logits = self.model.codec_head(hidden)  # [B, V]
-        samplers = [s.sampler for s in seqs]
-        assert all(smp is not None for smp in samplers)
-        tokens = sample_rows(samplers, logits).tolist()  # type: ignore[arg-type]  # the step's one sync
-        outs: list[Any] = []
-        for b, s in enumerate(seqs):
-            assert s.sampler is not None
-            token = tokens[b]
-            s.sampler.record(token)
-            s.code0, s.hidden = token, hidden[b]
-            reason = None
-            if s.sampler.is_end(token):
-                reason = "stop"
-            elif s.sampler.generated >= s.sampler.params.max_tokens:
-                reason = "length"  # the last codebook-0 token never gets its frame, as in transformers
-            if reason is not None:
-                self.seqs.pop(s.request.request_id, None)
-                self.cache.release(s.slot)
-                outs += self._finish_outputs(s, reason)
-        return outs
 
     def _finish_outputs(self, seq: _Seq, reason: str) -> list[Any]:
         rid = seq.request.request_id

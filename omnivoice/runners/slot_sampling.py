@@ -1,0 +1,124 @@
+"""Token sampling whose per-request state lives on the device, one row per KV slot.
+
+`sample_rows` (sampling.py) rebuilds each step's repetition-penalty and min-tokens masks from Python
+lists and draws on the host, so a decode step cannot be queued before the previous step's tokens are
+back on the host. `SlotSampler` keeps the same state as device tensors indexed by KV slot (the ids a
+request has seen, how many tokens it has sampled, its parameters), so a whole step, sampling included,
+is a fixed-shape function of device tensors: it can be captured in a CUDA graph, and the next step can
+be queued while the host still handles this one's tokens.
+
+Semantics are `sample_rows`' (transformers' order: repetition penalty, min-new-tokens, suppressed
+tokens, then temperature, top-k, top-p; greedy is the first maximum), and for the same uniform draw
+it picks the same token. The draws come from each request's own host generator, as there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from omnivoice.engine.types import Sampling
+from omnivoice.runners.transfer import to_device
+
+
+class SlotSampler:
+    def __init__(
+        self,
+        num_slots: int,
+        vocab: int,
+        end_ids: Sequence[int],
+        suppress: torch.Tensor | None,
+        device: torch.device,
+    ) -> None:
+        """num_slots: every slot a row may name, scratch slot included."""
+        self.device = device
+        self.vocab = vocab
+        self.end_ids = list(end_ids)
+        self.seen = torch.zeros(num_slots, vocab, dtype=torch.bool, device=device)
+        self.generated = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.min_tokens = torch.zeros(num_slots, dtype=torch.long, device=device)
+        self.penalty = torch.ones(num_slots, dtype=torch.float32, device=device)
+        self.temperature = torch.ones(num_slots, dtype=torch.float32, device=device)
+        self.top_k = torch.full((num_slots,), vocab, dtype=torch.long, device=device)
+        self.top_p = torch.ones(num_slots, dtype=torch.float32, device=device)
+        self.greedy = torch.ones(num_slots, dtype=torch.bool, device=device)
+        self.end_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        if self.end_ids:
+            self.end_mask[to_device(self.end_ids, device)] = True
+        self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+        if suppress is not None and suppress.numel():
+            self.suppress_mask[suppress.to(device)] = True
+        self.generators: dict[int, torch.Generator] = {}  # slot -> the request's draws (sampled slots)
+
+    def reset(
+        self, slots: Sequence[int], params: Sequence[Sampling], histories: Sequence[Sequence[int]]
+    ) -> None:
+        """Give `slots` to new requests: their parameters, seen ids (`histories`) and generators."""
+        if not slots:
+            return
+        idx = to_device(list(slots), self.device)
+        greedy = [p.temperature <= 0 or p.top_k == 1 for p in params]
+        self.generated[idx] = 0
+        self.min_tokens[idx] = to_device([p.min_tokens for p in params], self.device)
+        self.penalty[idx] = to_device([p.repetition_penalty for p in params], self.device, torch.float32)
+        temps = [p.temperature if not g else 1.0 for p, g in zip(params, greedy, strict=True)]
+        self.temperature[idx] = to_device(temps, self.device, torch.float32)
+        ks = [p.top_k if 0 < p.top_k < self.vocab else self.vocab for p in params]
+        self.top_k[idx] = to_device(ks, self.device)
+        self.top_p[idx] = to_device([p.top_p for p in params], self.device, torch.float32)
+        self.greedy[idx] = to_device(greedy, self.device, torch.bool)
+        self.seen[idx] = False
+        rows = [b for b, h in enumerate(histories) for _ in set(h)]
+        ids = [i for h in histories for i in sorted(set(h))]
+        if ids:
+            self.seen[idx[to_device(rows, self.device)], to_device(ids, self.device)] = True
+        for slot, p, g in zip(slots, params, greedy, strict=True):
+            self.generators.pop(slot, None)
+            if not g:
+                gen = torch.Generator(device="cpu")
+                if p.seed is None:
+                    gen.seed()
+                else:
+                    gen.manual_seed(p.seed)
+                self.generators[slot] = gen
+
+    def release(self, slot: int) -> None:
+        self.generators.pop(slot, None)
+
+    def draws(self, slots: Sequence[int], rows: int) -> torch.Tensor:
+        """One uniform per row [rows] (float32, on the device): from each sampled slot's generator, 0
+        for greedy slots and padding rows."""
+        u = [float(torch.rand((), generator=g)) if (g := self.generators.get(s)) else 0.0 for s in slots]
+        return to_device(u + [0.0] * (rows - len(slots)), self.device, torch.float32)
+
+    def sample(self, logits: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """logits [R, V], slot_idx [R], u [R] -> tokens [R] (long). Records the tokens in the rows'
+        slots (seen ids, count). Device ops of fixed shapes only: no host sync."""
+        scores = logits.float()
+        pen = self.penalty[slot_idx][:, None]
+        penalized = torch.where(scores < 0, scores * pen, scores / pen)
+        scores = torch.where(self.seen[slot_idx], penalized, scores)
+        early = (self.generated[slot_idx] < self.min_tokens[slot_idx])[:, None]
+        scores = scores.masked_fill((early & self.end_mask) | self.suppress_mask, float("-inf"))
+        best = scores.argmax(-1)
+        scores = scores / self.temperature[slot_idx][:, None]
+        ordered = scores.sort(-1, descending=True).values  # [R, V]
+        kth = ordered.gather(1, (self.top_k[slot_idx] - 1)[:, None])
+        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+        # top-p over the top-k survivors, ascending as transformers sorts: the lowest scores whose mass
+        # stays within 1 - top_p go (never the most likely one)
+        ascending = ordered.flip(-1)
+        cum = ascending.softmax(-1).cumsum(-1)
+        drop = cum <= (1 - self.top_p[slot_idx])[:, None]
+        drop[:, -1] = False
+        floor = ascending.masked_fill(drop, float("inf")).amin(-1, keepdim=True)  # lowest kept score
+        scores = scores.masked_fill(scores < floor, float("-inf"))
+        cdf = scores.softmax(-1).cumsum(-1)
+        target = u[:, None] * cdf[:, -1:]
+        drawn = torch.searchsorted(cdf, target.contiguous(), right=True)[:, 0].clamp_max(cdf.shape[-1] - 1)
+        tokens = torch.where(self.greedy[slot_idx], best, drawn)
+        self.seen[slot_idx, tokens] = True
+        self.generated[slot_idx] += 1
+        return tokens

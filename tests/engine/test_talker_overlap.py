@@ -1,0 +1,107 @@
+"""The talker's overlapped steps (on a GPU: a step's results are read back after the next step is
+queued) hand on exactly the frames of synchronous steps. A request that samples its end token was
+already queued for one more step; that row must be dropped, its slot freed, and nothing else changed.
+The CPU runs the same code with `overlap` switched on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
+from omnivoice.bench.parity import compare, drive
+from omnivoice.config import parse_profile
+from omnivoice.engine.chunks import CodecChunk, NewRequest, StageFinished, ThinkerChunk
+from omnivoice.models.dummy import NEWLINE_ID
+from omnivoice.runners.factory import build_runners
+
+MIN_FRAMES = (3, 7, 8, 12, 20)  # each request's talker ends (greedy end token) right after these
+
+
+@pytest.fixture(scope="module")
+def runners(tiny_checkpoint: Path):
+    stage = {"device": "cpu", "worker": "thread", "max_batch": 8, "max_seq_len": 512}
+    profile = parse_profile(
+        {
+            "model": {"path": str(tiny_checkpoint)},
+            "stages": {
+                "thinker": {**stage, "sampling": {"temperature": 0.0}},
+                "talker": {**stage, "sampling": {"temperature": 0.0}},
+            },
+        }
+    )
+    built = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    thinker, talker = built[("thinker", 0)], built[("talker", 0)]
+    eos = talker.spec.codec_eos_id
+
+    def end_is_best(module, args, out):  # once min_tokens allows it, greedy picks the end token
+        out = out.clone()
+        out[..., eos] += 1e4
+        return out
+
+    hook = talker.model.codec_head.register_forward_hook(end_is_best)
+    cfg = EngineLoadConfig(5, 5, 0, prompt_tokens=24, text_tokens=10, audio_frames=40)
+    made = make_requests(profile, thinker.spec, cfg, NEWLINE_ID, 5, "overlap")
+    requests = [
+        replace(r, talker=replace(r.talker, min_tokens=m, max_tokens=100))
+        for r, m in zip(made, MIN_FRAMES, strict=True)
+    ]
+    yield thinker, talker, requests
+    hook.remove()
+
+
+def test_overlapped_steps_give_the_frames_of_synchronous_ones(runners) -> None:
+    thinker, talker, requests = runners
+    talker.overlap = False
+    plain = drive(thinker, talker, requests)
+    talker.overlap = True
+    try:
+        overlapped = drive(thinker, talker, requests)
+    finally:
+        talker.overlap = False
+    result = compare(plain, overlapped)
+    assert result["identical"], result
+    # each request stopped at its end token, a different step for each
+    assert [plain.frames[r.request_id].shape[1] for r in requests] == list(MIN_FRAMES)
+    assert talker.cache.free_slots == talker.cache.k.shape[1] - 1 and not talker.seqs
+    assert not talker.has_work()
+
+
+def test_an_abort_between_queued_steps_drops_the_request_and_frees_its_slot(runners) -> None:
+    thinker, talker, requests = runners
+    talker.overlap = True
+    victim = requests[4].request_id
+    frames: dict[str, int] = {}
+    finished: dict[str, str] = {}
+    try:
+        for r in requests:
+            thinker.accept(NewRequest(r))
+        talker_steps = 0
+        while thinker.has_work() or talker.has_work():
+            if thinker.has_work():
+                for out in thinker.step():
+                    if isinstance(out, ThinkerChunk):
+                        talker.accept(out)  # the victim's, after the abort, are ignored
+            if talker.has_work():
+                for out in talker.step():
+                    assert out.request_id != victim or talker_steps < 6, out
+                    if isinstance(out, CodecChunk):
+                        frames[out.request_id] = frames.get(out.request_id, 0) + out.frames.shape[1]
+                    elif isinstance(out, StageFinished):
+                        finished[out.request_id] = out.reason
+                talker_steps += 1
+                if talker_steps == 6:
+                    assert talker._queued  # a step of the victim is still being computed
+                    talker.abort(victim)
+    finally:
+        talker.overlap = False
+    assert victim not in finished and frames.get(victim, 0) < MIN_FRAMES[4]
+    assert {rid: frames[rid] for rid in finished} == {
+        r.request_id: m for r, m in zip(requests[:4], MIN_FRAMES[:4], strict=True)
+    }
+    assert set(finished.values()) == {"stop"}
+    assert talker.cache.free_slots == talker.cache.k.shape[1] - 1 and not talker.seqs
+    assert not talker.sampler.generators and np.all(np.asarray(talker.cache.lengths) == 0)
