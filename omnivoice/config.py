@@ -64,6 +64,13 @@ class StageConfig(_Strict):
         "code predictor) and Code2Wav's activations into a few fused kernels, at start; falls back to "
         "eager, with a warning, if compiling fails. false: no torch.compile at all",
     )
+    overlap: bool | None = Field(
+        None,
+        description="thinker and talker: queue each step before the previous step's tokens are read back, "
+        "so the host's work on one step runs while the device computes the next (a request that samples "
+        "its end token costs one dropped row). Default (null): on for CUDA devices, off on the CPU, where "
+        "nothing runs ahead of the host",
+    )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
     worker: Literal["thread", "process", "ray"] = "process"

@@ -92,9 +92,12 @@ class SlotSampler:
         u = [float(torch.rand((), generator=g)) if (g := self.generators.get(s)) else 0.0 for s in slots]
         return to_device(u + [0.0] * (rows - len(slots)), self.device, torch.float32)
 
-    def sample(self, logits: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def sample(
+        self, logits: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor, draw: bool = True
+    ) -> torch.Tensor:
         """logits [R, V], slot_idx [R], u [R] -> tokens [R] (long). Records the tokens in the rows'
-        slots (seen ids, count). Device ops of fixed shapes only: no host sync."""
+        slots (seen ids, count). Device ops of fixed shapes only: no host sync. `draw=False` when
+        every row is greedy skips the draw (a sort of the whole vocabulary)."""
         scores = logits.float()
         pen = self.penalty[slot_idx][:, None]
         penalized = torch.where(scores < 0, scores * pen, scores / pen)
@@ -102,6 +105,8 @@ class SlotSampler:
         early = (self.generated[slot_idx] < self.min_tokens[slot_idx])[:, None]
         scores = scores.masked_fill((early & self.end_mask) | self.suppress_mask, float("-inf"))
         best = scores.argmax(-1)
+        if not draw:
+            return self._record(slot_idx, best)
         scores = scores / self.temperature[slot_idx][:, None]
         ordered = scores.sort(-1, descending=True).values  # [R, V]
         kth = ordered.gather(1, (self.top_k[slot_idx] - 1)[:, None])
@@ -118,7 +123,9 @@ class SlotSampler:
         cdf = scores.softmax(-1).cumsum(-1)
         target = u[:, None] * cdf[:, -1:]
         drawn = torch.searchsorted(cdf, target.contiguous(), right=True)[:, 0].clamp_max(cdf.shape[-1] - 1)
-        tokens = torch.where(self.greedy[slot_idx], best, drawn)
+        return self._record(slot_idx, torch.where(self.greedy[slot_idx], best, drawn))
+
+    def _record(self, slot_idx: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         self.seen[slot_idx, tokens] = True
         self.generated[slot_idx] += 1
         return tokens

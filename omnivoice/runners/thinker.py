@@ -1,4 +1,10 @@
-"""Thinker runner: prefill new requests, decode the running batch, stream what the talker needs."""
+"""Thinker runner: prefill new requests, decode the running batch, stream what the talker needs.
+
+As in the talker, a step's inputs are on the device (each slot's last token; sampling state in a
+`SlotSampler`), so on a GPU a step is queued before the previous one's tokens are read back
+(`overlap`): the host turns step n's tokens into outputs while the GPU computes step n + 1. A request
+that samples an end token was then queued for one more step, whose row is dropped.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
-from omnivoice.runners.sampling import RequestSampler, sample_rows
+from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_inputs import embed_prompt
 from omnivoice.runners.transfer import to_device
 
@@ -30,19 +36,21 @@ log = logging.getLogger(__name__)
 class _Seq:
     request: GenerationRequest
     slot: int
-    sampler: RequestSampler
+    max_tokens: int
     prompt_len: int
-    last_token: int = -1
-    generated: list[int] = field(default_factory=list)
+    sampled: int = 0  # tokens queued so far (read back or not)
+    generated: list[int] = field(default_factory=list)  # tokens read back
     # kept only for requests with a cache_key: what a prefix-cache entry needs per position
     keys: list = field(default_factory=list)
     embeds: list[torch.Tensor] = field(default_factory=list)  # each [n, H]
     hidden: list[torch.Tensor] = field(default_factory=list)  # each [n, H]
 
     def prefix_entry(self) -> PrefixEntry:
-        # the KV holds the prompt and every generated token but the last (never fed back)
+        # the KV holds the prompt and every generated token but the last (never fed back); steps queued
+        # past the end (overlap) fed more, which the entry leaves out
         fed = self.generated[:-1] if self.generated else []
-        return PrefixEntry(self.slot, self.keys + fed, torch.cat(self.embeds), torch.cat(self.hidden))
+        n = len(self.keys) + len(fed)
+        return PrefixEntry(self.slot, self.keys + fed, torch.cat(self.embeds)[:n], torch.cat(self.hidden)[:n])
 
 
 @dataclass
@@ -55,6 +63,18 @@ class _Pending:
     entry: PrefixEntry | None
     keys: list
     embeds: torch.Tensor  # [1, n - reuse, H]
+
+
+@dataclass
+class _Queued:
+    """A queued step whose tokens the host has not read yet."""
+
+    seqs: list[_Seq]
+    counts: list[int]  # each row's tokens with this step's
+    tokens: torch.Tensor  # [n] host
+    embeds: torch.Tensor | None  # [n, H] host float32: the tokens' embeddings, for the talker
+    prompts: list[tuple[torch.Tensor, torch.Tensor] | None]  # prefill: each row's prompt embeds, hidden
+    done: torch.cuda.Event | None  # when the tensors are on the host (None on the CPU)
 
 
 class ThinkerRunner:
@@ -83,7 +103,13 @@ class ThinkerRunner:
             "thinker",
             keep=(spec.accept_hidden_layer,),
         )
-        self.prefix = PrefixCache(cfg.prefix_cache_entries, self.cache.release)
+        self.prefix = PrefixCache(cfg.prefix_cache_entries, self._release)
+        vocab = thinker.lm_head.out_features
+        self.sampler = SlotSampler(self.cache.scratch + 1, vocab, spec.thinker_eos_ids, None, device)
+        self.tokens = torch.zeros(self.cache.scratch + 1, dtype=torch.long, device=device)  # each slot's last
+        # read a step's results back after queuing the next one
+        self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
+        self._queued: deque[_Queued] = deque()
         self.waiting: deque[GenerationRequest] = deque()
         self.running: dict[str, _Seq] = {}
         self._steps = 0
@@ -118,7 +144,11 @@ class ThinkerRunner:
         return bool(self.waiting) and len(self.running) + admitted < self.cfg.max_batch and room
 
     def has_work(self) -> bool:
-        return bool(self.running) or self._can_admit()
+        return (
+            bool(self._queued)
+            or any(s.sampled < s.max_tokens for s in self.running.values())
+            or self._can_admit()
+        )
 
     def active_ids(self) -> list[str]:
         return list(self.running)
@@ -138,7 +168,9 @@ class ThinkerRunner:
     @torch.inference_mode()
     def step(self) -> list[Any]:
         outs: list[Any] = []
-        decoding = list(self.running.values())
+        # a request whose last token is queued ends when that step is read back
+        decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
+        queued = len(self._queued)
         # Admit new requests first, prefilled together: their first token is on the time-to-first-audio
         # path. At most max_prefill_tokens prompt tokens per step keep decode steps flowing.
         batch: list[_Pending] = []
@@ -149,9 +181,11 @@ class ThinkerRunner:
         if batch:
             outs += self._prefill(batch)
         if decoding:
-            outs += self._decode(decoding)
+            self._decode(decoding)
         self._steps += 1
-        return outs
+        # with overlap, what was queued just now is read back on the next call, while the GPU runs it
+        keep = len(self._queued) - queued if self.overlap else 0
+        return outs + self._read_back(keep)
 
     # ---- internals ---------------------------------------------------------------------------
     def _admit(self, req: GenerationRequest) -> _Pending:
@@ -188,35 +222,36 @@ class ThinkerRunner:
         )
         outs: list[Any] = []
         seqs: list[_Seq] = []
-        firsts: dict[str, ThinkerChunk] = {}
+        prompts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         rows: list[int] = []
         for b, (p, n_new) in enumerate(zip(batch, lengths, strict=True)):
-            seq, first = self._start(p, kept[0][b, :n_new], kept[accept][b, :n_new])
-            if first is None:  # prefill-only: cached, done
+            seq, prompt = self._start(p, kept[0][b, :n_new], kept[accept][b, :n_new])
+            if prompt is None:  # prefill-only: cached, done
                 outs.append(StageFinished(p.request.request_id, "thinker", "stop", 0, seq.prompt_len))
                 continue
             seqs.append(seq)
-            firsts[p.request.request_id] = first
+            prompts.append(prompt)
             rows.append(b)
         if seqs:
             index = to_device(rows, h.device)
             ends = to_device([lengths[b] - 1 for b in rows], h.device)
             logits = self.model.lm_head(h[index, ends])  # [B', V]
-            outs += self._emit(seqs, logits, first_chunk=firsts)
+            self._sample(seqs, logits, prompts)
         return outs
 
     def _start(
         self, p: _Pending, embeds: torch.Tensor, hidden: torch.Tensor
-    ) -> tuple[_Seq, ThinkerChunk | None]:
-        """Book a prefilled request: a running sequence and its first chunk for the talker."""
+    ) -> tuple[_Seq, tuple[torch.Tensor, torch.Tensor] | None]:
+        """Book a prefilled request: a running sequence, and the prompt's embeddings and accept-layer
+        hidden states [n, H] that its first chunk brings the talker (None: prefill-only, done)."""
         req, n = p.request, len(p.request.prompt.input_ids)
         if p.entry is not None:
             embeds = torch.cat([p.entry.embeds[: p.reuse], embeds])  # [n, H]
             hidden = torch.cat([p.entry.hidden[: p.reuse], hidden])
         max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - n)
         params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
-        sampler = RequestSampler(params, self.spec.thinker_eos_ids, history=req.prompt.input_ids)
-        seq = _Seq(req, p.slot, sampler, prompt_len=n)
+        self.sampler.reset([p.slot], [params], [req.prompt.input_ids])
+        seq = _Seq(req, p.slot, params.max_tokens, prompt_len=n)
         if req.cache_key:
             seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
         self._cached_tokens += p.reuse
@@ -228,30 +263,25 @@ class ThinkerRunner:
             self._retire(seq)
             return seq, None
         self.running[req.request_id] = seq
-        first = ThinkerChunk(
-            request_id=req.request_id,
-            token_ids=(),
-            token_embeds=None,
-            finished=False,
-            prompt_ids=req.prompt.input_ids,
-            prompt_embeds=_np(embeds),
-            prompt_hidden=_np(hidden),
-            request=req,
-        )
-        return seq, first
+        return seq, (embeds, hidden)
 
     def _retire(self, seq: _Seq) -> None:
         """Free a finished request's slot, or keep it as its conversation's cached prefix."""
         if seq.request.cache_key and seq.embeds:
             self.prefix.put(seq.request.cache_key, seq.prefix_entry())
         else:
-            self.cache.release(seq.slot)
+            self._release(seq.slot)
 
-    def _decode(self, seqs: list[_Seq]) -> list[Any]:
+    def _release(self, slot: int) -> None:
+        self.cache.release(slot)
+        self.sampler.release(slot)
+
+    def _decode(self, seqs: list[_Seq]) -> None:
+        """Queue one decode step of the running batch."""
         n = len(seqs)
         rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
-        tokens = to_device([s.last_token for s in seqs] + [0] * (rows - n), self.device)[:, None]  # [R, 1]
-        embeds = self.embed(tokens)  # [R, 1, H]
+        slot_idx = to_device([s.slot for s in seqs] + [self.cache.scratch] * (rows - n), self.device)
+        embeds = self.embed(self.tokens[slot_idx][:, None])  # [R, 1, H]: each row's last token
         accept = self.spec.accept_hidden_layer
         h, kept = self.decode_step(embeds, [s.slot for s in seqs])
         for b, s in enumerate(seqs):
@@ -260,60 +290,102 @@ class ThinkerRunner:
                 s.hidden.append(kept[accept][b : b + 1])
         logits = self.model.lm_head(h)  # [B, V]
         self._last_batch = len(seqs)
-        return self._emit(seqs, logits)
+        self._sample(seqs, logits)
 
-    def _emit(self, seqs: list[_Seq], logits: torch.Tensor, first_chunk: dict | None = None) -> list[Any]:
-        outs: list[Any] = []
-        sampled = sample_rows([s.sampler for s in seqs], logits)  # [B] on the device
+    def _sample(
+        self,
+        seqs: list[_Seq],
+        logits: torch.Tensor,
+        prompts: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    ) -> None:
+        """Sample each row's next token on the device and queue the step's results for the host."""
+        slots = [s.slot for s in seqs]
+        slot_idx = to_device(slots, self.device)
+        draw = any(slot in self.sampler.generators for slot in slots)  # else all greedy: no sort
+        tokens = self.sampler.sample(logits, slot_idx, self.sampler.draws(slots, len(slots)), draw=draw)
+        self.tokens[slot_idx] = tokens
         # the talker's inputs: embeddings of the new tokens, brought over with the tokens in one go
-        embeds = _np(self.embed(sampled)) if any(s.request.want_audio for s in seqs) else None
-        tokens = sampled.tolist()
-        for b, seq in enumerate(seqs):
-            rid = seq.request.request_id
-            token = tokens[b]
-            seq.sampler.record(token)
-            seq.generated.append(token)
-            seq.last_token = token
-            outs.append(TokenOutput(rid, (token,)))
-            reason = None
-            if seq.sampler.is_end(token):
-                reason = "stop"
-            elif len(seq.generated) >= seq.sampler.params.max_tokens:
-                reason = "length"
-            if seq.request.want_audio:
-                assert embeds is not None
-                chunk = self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, first_chunk)
-                outs.append(chunk)
-            if reason is not None:
-                outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len))
-                self.running.pop(rid)
-                self._retire(seq)
+        embeds = self.embed(tokens) if any(s.request.want_audio for s in seqs) else None
+        for s in seqs:
+            s.sampled += 1
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+        queued = _Queued(
+            seqs,
+            [s.sampled for s in seqs],
+            _to_host(tokens),
+            None if embeds is None else _to_host(embeds),
+            [None if p is None else (_to_host(p[0]), _to_host(p[1])) for p in prompts or [None] * len(seqs)],
+            done,
+        )
+        if done is not None:
+            done.record()
+        self._queued.append(queued)
+
+    def _read_back(self, keep: int) -> list[Any]:
+        """Turn every queued step but the last `keep` into outputs, and end the requests it ends."""
+        outs: list[Any] = []
+        while len(self._queued) > keep:
+            q = self._queued.popleft()
+            if q.done is not None:
+                q.done.synchronize()
+            tokens = q.tokens.tolist()
+            embeds = None if q.embeds is None else q.embeds.numpy()
+            for b, seq in enumerate(q.seqs):
+                rid = seq.request.request_id
+                if self.running.get(rid) is not seq:
+                    continue  # ended (its end token was in an earlier step) or aborted since
+                token = tokens[b]
+                seq.generated.append(token)
+                outs.append(TokenOutput(rid, (token,)))
+                reason = None
+                if token in self.sampler.end_ids:
+                    reason = "stop"
+                elif q.counts[b] >= seq.max_tokens:
+                    reason = "length"
+                if seq.request.want_audio:
+                    assert embeds is not None
+                    outs.append(
+                        self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, q.prompts[b])
+                    )
+                if reason is not None:
+                    outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len))
+                    self.running.pop(rid)
+                    self._retire(seq)
         return outs
 
     def _talker_chunk(
-        self, seq: _Seq, token: int, embed: np.ndarray, final: bool, first_chunk: dict | None
+        self,
+        seq: _Seq,
+        token: int,
+        embed: np.ndarray,
+        final: bool,
+        prompt: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> ThinkerChunk:
         # The final token is never fed through the thinker, so the talker never sees it (as in
-        # transformers' generate()): the chunk that reports the end carries no token.
-        first: ThinkerChunk | None = (first_chunk or {}).get(seq.request.request_id)
+        # transformers' generate()): the chunk that reports the end carries no token. A request's
+        # first chunk also brings its prompt.
+        rid = seq.request.request_id
         ids: tuple[int, ...] = () if final else (token,)
         embeds = None if final else embed  # [1, H]
-        if first is not None:
-            return ThinkerChunk(
-                first.request_id,
-                ids,
-                embeds,
-                final,
-                first.prompt_ids,
-                first.prompt_embeds,
-                first.prompt_hidden,
-                first.request,
-            )
-        return ThinkerChunk(seq.request.request_id, ids, embeds, final)
+        if prompt is None:
+            return ThinkerChunk(rid, ids, embeds, final)
+        req = seq.request
+        return ThinkerChunk(
+            rid, ids, embeds, final, req.prompt.input_ids, prompt[0].numpy(), prompt[1].numpy(), req
+        )
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().float().cpu().numpy()
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """t on the host (floating point as float32), copied without a sync (pinned) from a GPU."""
+    dtype = torch.float32 if t.is_floating_point() else t.dtype
+    t = t.detach().to(dtype)
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def _with_max(s: Any, max_tokens: int) -> Any:

@@ -43,8 +43,8 @@ def test_cache_is_lru_and_releases_slots() -> None:
     assert released == [0, 2, 3]
 
 
-def _profile(checkpoint: Path, entries: int):
-    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
+def _profile(checkpoint: Path, entries: int, overlap: bool = False):
+    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4, "overlap": overlap}
     return parse_profile(
         {
             "model": {"path": str(checkpoint)},
@@ -87,14 +87,16 @@ async def _conversation(engine: Engine, key: str | None, warm: bool) -> list[tup
     return [(outs1, text1), (outs2, "")]
 
 
-@pytest.mark.parametrize("warm", [False, True])
-async def test_cached_turns_match_uncached_turns(tiny_checkpoint: Path, warm: bool) -> None:
+# overlap: thinker and talker read each step back after queuing the next (the GPU default), so the
+# cached prefix must leave out what a step queued past a request's end fed into its KV
+@pytest.mark.parametrize("warm,overlap", [(False, False), (True, False), (True, True)])
+async def test_cached_turns_match_uncached_turns(tiny_checkpoint: Path, warm: bool, overlap: bool) -> None:
     plain = await Engine.start(_profile(tiny_checkpoint, 0))
     try:
         expected = await _conversation(plain, None, warm=False)
     finally:
         await plain.close()
-    cached = await Engine.start(_profile(tiny_checkpoint, 4))
+    cached = await Engine.start(_profile(tiny_checkpoint, 4, overlap))
     try:
         got = await _conversation(cached, "session-1", warm=warm)
         await asyncio.sleep(0.3)

@@ -1,7 +1,7 @@
-"""The talker's overlapped steps (on a GPU: a step's results are read back after the next step is
-queued) hand on exactly the frames of synchronous steps. A request that samples its end token was
-already queued for one more step; that row must be dropped, its slot freed, and nothing else changed.
-The CPU runs the same code with `overlap` switched on."""
+"""Overlapped thinker and talker steps (the GPU default: a step's results are read back after the
+next step is queued) give exactly the tokens and frames of synchronous steps. A request that samples
+its end token was already queued for one more step; that row must be dropped, its slot freed, and
+nothing else changed. The CPU runs the same code with `overlap` switched on."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners.factory import build_runners
 
 MIN_FRAMES = (3, 7, 8, 12, 20)  # each request's talker ends (greedy end token) right after these
+MIN_TOKENS = (2, 9, 4, 30, 6)  # and its thinker after these (the fourth at its limit of 10 instead)
 
 
 @pytest.fixture(scope="module")
@@ -35,44 +36,59 @@ def runners(tiny_checkpoint: Path):
     )
     built = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
     thinker, talker = built[("thinker", 0)], built[("talker", 0)]
-    eos = talker.spec.codec_eos_id
 
-    def end_is_best(module, args, out):  # once min_tokens allows it, greedy picks the end token
-        out = out.clone()
-        out[..., eos] += 1e4
-        return out
+    def end_is_best(end: int):
+        def hook(module, args, out):  # once min_tokens allows it, greedy picks the end token
+            out = out.clone()
+            out[..., end] += 1e4
+            return out
 
-    hook = talker.model.codec_head.register_forward_hook(end_is_best)
+        return hook
+
+    hooks = [
+        talker.model.codec_head.register_forward_hook(end_is_best(talker.spec.codec_eos_id)),
+        thinker.model.lm_head.register_forward_hook(end_is_best(thinker.spec.thinker_eos_ids[0])),
+    ]
     cfg = EngineLoadConfig(5, 5, 0, prompt_tokens=24, text_tokens=10, audio_frames=40)
     made = make_requests(profile, thinker.spec, cfg, NEWLINE_ID, 5, "overlap")
     requests = [
-        replace(r, talker=replace(r.talker, min_tokens=m, max_tokens=100))
-        for r, m in zip(made, MIN_FRAMES, strict=True)
+        replace(
+            r,
+            thinker=replace(r.thinker, min_tokens=min(t, 10), max_tokens=10),
+            talker=replace(r.talker, min_tokens=m, max_tokens=100),
+        )
+        for r, m, t in zip(made, MIN_FRAMES, MIN_TOKENS, strict=True)
     ]
     yield thinker, talker, requests
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
 
 
-def test_overlapped_steps_give_the_frames_of_synchronous_ones(runners) -> None:
+def _overlap(thinker, talker, on: bool) -> None:
+    thinker.overlap = talker.overlap = on
+
+
+def test_overlapped_steps_give_the_tokens_and_frames_of_synchronous_ones(runners) -> None:
     thinker, talker, requests = runners
-    talker.overlap = False
     plain = drive(thinker, talker, requests)
-    talker.overlap = True
+    _overlap(thinker, talker, True)
     try:
         overlapped = drive(thinker, talker, requests)
     finally:
-        talker.overlap = False
+        _overlap(thinker, talker, False)
     result = compare(plain, overlapped)
     assert result["identical"], result
-    # each request stopped at its end token, a different step for each
+    # each request stopped at its end token, a different step for each (one thinker at its limit)
     assert [plain.frames[r.request_id].shape[1] for r in requests] == list(MIN_FRAMES)
-    assert talker.cache.free_slots == talker.cache.k.shape[1] - 1 and not talker.seqs
-    assert not talker.has_work()
+    assert [len(plain.tokens[r.request_id]) for r in requests] == [3, 10, 5, 10, 7]
+    assert [plain.tokens[r.request_id][-1] for r in requests].count(thinker.spec.thinker_eos_ids[0]) == 4
+    for runner in (thinker, talker):
+        assert runner.cache.free_slots == runner.cache.k.shape[1] - 1 and not runner.has_work()
 
 
 def test_an_abort_between_queued_steps_drops_the_request_and_frees_its_slot(runners) -> None:
     thinker, talker, requests = runners
-    talker.overlap = True
+    _overlap(thinker, talker, True)
     victim = requests[4].request_id
     frames: dict[str, int] = {}
     finished: dict[str, str] = {}
@@ -97,7 +113,7 @@ def test_an_abort_between_queued_steps_drops_the_request_and_frees_its_slot(runn
                     assert talker._queued  # a step of the victim is still being computed
                     talker.abort(victim)
     finally:
-        talker.overlap = False
+        _overlap(thinker, talker, False)
     assert victim not in finished and frames.get(victim, 0) < MIN_FRAMES[4]
     assert {rid: frames[rid] for rid in finished} == {
         r.request_id: m for r, m in zip(requests[:4], MIN_FRAMES[:4], strict=True)
