@@ -101,7 +101,8 @@ class TalkerRunner:
         # each slot's last codebook-0 token and the talker's hidden state after it: the next step's input
         self.code0 = torch.zeros(slots, dtype=torch.long, device=device)
         self.hidden = torch.zeros(slots, self.tts_pad.shape[-1], dtype=self.dtype, device=device)
-        self.overlap = device.type == "cuda"  # read a step's results back after queuing the next
+        # read a step's results back after queuing the next one
+        self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
         self.seqs: dict[str, _Seq] = {}
         self._queued: deque[_Queued] = deque()
         self._steps = 0
