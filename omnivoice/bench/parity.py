@@ -54,7 +54,7 @@ def graph_steps(runner: Any) -> list[Any]:
     steps = [runner.decode_step.graphs]
     predictor = getattr(runner, "predictor", None)
     if predictor is not None:
-        steps.append(predictor.run)
+        steps += [predictor.run, runner.sample_graphs]  # the talker's
     return steps
 
 
