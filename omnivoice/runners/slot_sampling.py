@@ -126,6 +126,8 @@ class SlotSampler:
         return self._record(slot_idx, torch.where(self.greedy[slot_idx], best, drawn))
 
     def _record(self, slot_idx: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        self.seen[slot_idx, tokens] = True
-        self.generated[slot_idx] += 1
+        # device values only (an indexed assignment of a Python scalar copies it from the host, which a
+        # CUDA graph cannot capture)
+        self.seen.index_put_((slot_idx, tokens), torch.ones_like(tokens, dtype=torch.bool))
+        self.generated.index_put_((slot_idx,), self.generated[slot_idx] + 1)
         return tokens

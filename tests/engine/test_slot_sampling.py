@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnivoice.engine.types import Sampling
+from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.sampling import RequestSampler, process_rows, sample_rows
 from omnivoice.runners.slot_sampling import SlotSampler
 
@@ -74,3 +76,27 @@ def test_a_reset_slot_forgets_its_previous_request() -> None:
     assert int(ours.generated[0]) == 1
     scores = process_rows([RequestSampler(Sampling(), [END])], logits)
     assert int(scores.argmax()) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_sampling_replays_from_a_cuda_graph_as_it_runs_eagerly() -> None:
+    device = torch.device("cuda")
+    slots, scratch = [2, 0, 1], 3
+    idx = torch.tensor([*slots, scratch], device=device)
+    logits = torch.randn(4, VOCAB, device=device) * 3
+    tokens = {}
+    for graphed in (False, True):
+        ours = SlotSampler(scratch + 1, VOCAB, [END], SUPPRESS, device)
+        run = StepGraphs(_one_output(ours), "sampling", enabled=graphed)
+        if graphed:  # capture on the scratch slot, as the talker does, then reset the real slots
+            pad = torch.full_like(idx, scratch)
+            run(4, {"logits": logits, "slot_idx": pad, "u": torch.zeros(4, device=device)})
+        ours.reset(slots, PARAMS[1:4], HISTORIES[1:4])
+        got = [run(4, {"logits": logits, "slot_idx": idx, "u": ours.draws(slots, 4)})[0] for _ in range(20)]
+        tokens[graphed] = torch.stack(got)[:, :3].tolist()
+        assert [int(ours.generated[s]) for s in slots] == [20, 20, 20]
+    assert tokens[True] == tokens[False]
+
+
+def _one_output(sampler: SlotSampler):
+    return lambda **tensors: (sampler.sample(**tensors),)
