@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import Shutdown, StageName
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
+from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
 from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
 from omnivoice.logs import configure_logging
 
@@ -56,6 +57,7 @@ def _stage_process_main(
         log.exception("%s stage (replica %d) failed to start", name, replica)
         engine.put(StageCrashed(name, repr(e)))
         return
+    freeze_built_objects(f"{name} stage (replica {replica})")
     StageWorker(runner, inbox, downstream, engine, parent_pid=parent, replica=replica).run()
 
 
@@ -101,6 +103,7 @@ class Pipeline:
             from omnivoice.runners.factory import build_runners
 
             runners = build_runners(profile, model_path, only=in_thread)
+            freeze_built_objects("stages in the server process")
             for s, r in in_thread:
                 worker = StageWorker(
                     runners[(s, r)], inboxes[s][r], downstream[s], pipe.engine_inbox, replica=r
@@ -193,5 +196,7 @@ class Pipeline:
             self.ray.stop(timeout)
         for c in [*(c for s in STAGES for c in self.inboxes[s]), self.engine_inbox]:
             c.close()
+        if self.threads:
+            thaw_built_objects()  # the stages' objects may be collected again once they are garbage
         if self.ray is not None and not keep_ray:
             self.ray.shutdown()

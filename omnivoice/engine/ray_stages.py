@@ -27,6 +27,7 @@ from omnivoice.config import Profile
 from omnivoice.engine.chunks import StageName
 from omnivoice.engine.connectors import Connector
 from omnivoice.engine.connectors.rayqueue import RayQueueConnector
+from omnivoice.engine.gc_policy import freeze_built_objects
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.logs import configure_logging
 
@@ -65,6 +66,7 @@ class StageActor:
             log.exception("%s stage (replica %d) failed to start", self.name, self.replica)
             self.engine.put(StageCrashed(self.name, repr(e)))
             return
+        freeze_built_objects(f"{self.name} stage (replica {self.replica})")
         worker = StageWorker(
             runner[(self.name, self.replica)], self.inbox, self.downstream, self.engine, replica=self.replica
         )
