@@ -83,23 +83,53 @@ def lm_figures(thinker, talker, profile, batch: int, steps: int, out: Path) -> d
     from omnivoice.models.dummy import NEWLINE_ID
 
     cfg = EngineLoadConfig(batch, batch, 0, prompt_tokens=128, text_tokens=64, audio_frames=240)
-    requests = make_requests(profile, thinker.spec, cfg, NEWLINE_ID, batch, f"b{batch}")
-    for r in requests:
-        thinker.accept(NewRequest(r))
 
     def thinker_step() -> None:
         for out in thinker.step():
             if isinstance(out, ThinkerChunk):
                 talker.accept(out)
 
-    with torch.inference_mode():
-        while len(thinker.running) < batch:  # prefill
+    def prefill(tag: str) -> list:
+        """A burst of `batch` new requests, prefilled together in one thinker step."""
+        requests = make_requests(profile, thinker.spec, cfg, NEWLINE_ID, batch, f"{tag}{batch}")
+        for r in requests:
+            thinker.accept(NewRequest(r))
+        while len(thinker.running) < batch:
             thinker_step()
+        return requests
+
+    def drop(requests: list) -> None:
+        thinker_step()  # read back what is queued
+        for r in requests:
+            thinker.abort(r.request_id)
+            talker.abort(r.request_id)
+
+    figures: dict[str, float] = {}
+    with torch.inference_mode():
+        drop(prefill("warm"))  # first use of the prefill shapes
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        timed = prefill("t")
+        torch.cuda.synchronize()
+        figures["thinker_prefill_ms"] = (time.perf_counter() - began) * 1e3
+        drop(timed)
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            requests = prefill("b")
+            torch.cuda.synchronize()
+        (out / f"thinker-prefill-b{batch}.txt").write_text(
+            prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+            + "\n\n"
+            + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+        )
         for _ in range(3):  # a few tokens ahead, so the talker has text to read
             thinker_step()
-        for _ in range(2):
-            talker.step()  # talker prefill and a first decode
-        figures = {
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        talker.step()  # talker prefill (and its first tokens)
+        torch.cuda.synchronize()
+        figures["talker_prefill_ms"] = (time.perf_counter() - began) * 1e3
+        talker.step()  # a first decode
+        figures |= {
             "thinker_step_ms": _timed(thinker_step, steps),
             "talker_step_ms": _timed(talker.step, steps),
         }

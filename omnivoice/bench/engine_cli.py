@@ -27,9 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `omnivoice bench engine` (argparse only: importing this module stays cheap)."""
     a = parser.add_argument
     a("--profile", required=True, metavar="PATH", help="deploy profile YAML (model.path may be dummy:<name>)")
-    a("--concurrency", type=int, default=1, help="requests in flight at once (closed loop)")
-    a("--num-prompts", type=int, default=8, help="measured requests")
-    a("--warmups", type=int, default=1, help="requests run first and left out of the figures")
+    a("--concurrency", type=int, nargs="+", default=[1], metavar="N",
+      help="requests in flight at once (closed loop); several values run one after another on one engine "
+      "start, each reported (and written, with -cN added to the file names) on its own")  # fmt: skip
+    a("--num-prompts", type=int, nargs="+", default=[8], metavar="N",
+      help="measured requests: one value, or one per --concurrency value")  # fmt: skip
+    a("--warmups", type=int, nargs="+", default=[1], metavar="N",
+      help="requests run first and left out of the figures: one value, or one per --concurrency")  # fmt: skip
     a("--prompt-tokens", type=int, default=128, help="prompt length: a random user turn in the chat layout")
     a("--text-tokens", type=int, default=64, help="text tokens each request writes (min = max)")
     a(
@@ -61,12 +65,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
+    runs = len(args.concurrency)
+    for name in ("num_prompts", "warmups"):
+        values = getattr(args, name)
+        if len(values) not in (1, runs):
+            raise ValueError(f"--{name.replace('_', '-')} takes one value or one per --concurrency value")
+        setattr(args, name, values * runs if len(values) == 1 else values)
     for name in ("concurrency", "num_prompts", "prompt_tokens", "text_tokens"):
-        if getattr(args, name) < 1:
+        if min(_values(args, name)) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     for name in ("warmups", "audio_frames", "baseline_requests", "baseline_warmups"):
-        if getattr(args, name) < 0:
+        if min(_values(args, name)) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+
+
+def _values(args: argparse.Namespace, name: str) -> list[int]:
+    value = getattr(args, name)
+    return value if isinstance(value, list) else [value]
+
+
+def _per_run(path: Path | None, concurrency: int, runs: int) -> Path | None:
+    """The output file of one concurrency: `path` itself for a single run, else `stem-cN.suffix`."""
+    if path is None or runs == 1:
+        return path
+    return path.with_name(f"{path.stem}-c{concurrency}{path.suffix}")
 
 
 def _progress(quiet: bool, records: Path | None):
@@ -127,35 +149,38 @@ def run(args: argparse.Namespace) -> int:
     from omnivoice.engine.engine import Engine
     from omnivoice.engine.source import resolve_model_path
 
-    cfg = EngineLoadConfig(
-        num_prompts=args.num_prompts,
-        concurrency=args.concurrency,
-        warmups=args.warmups,
-        prompt_tokens=args.prompt_tokens,
-        text_tokens=args.text_tokens,
-        audio_frames=args.audio_frames,
-        voice=args.voice,
-        seed=args.seed,
-    )
+    runs = len(args.concurrency)
+    cfgs = [
+        EngineLoadConfig(
+            num_prompts=n,
+            concurrency=c,
+            warmups=w,
+            prompt_tokens=args.prompt_tokens,
+            text_tokens=args.text_tokens,
+            audio_frames=args.audio_frames,
+            voice=args.voice,
+            seed=args.seed,
+        )
+        for c, n, w in zip(args.concurrency, args.num_prompts, args.warmups, strict=True)
+    ]
     source = resolve_model_path(profile)
     newline = _newline_id(source)
-    progress = _progress(args.quiet, args.records)
     meta: dict[str, Any] = {
         "label": args.label,
         "machine": args.machine or describe_machine(),
         "model": str(source) if profile.model.path is None else profile.model.path,
         "mode": "engine (in-process, token-id prompts)",
         "profile": str(args.profile),
-        "prompt_tokens": cfg.prompt_tokens,
-        "text_tokens_per_request": cfg.text_tokens,
-        "audio_frames_per_request": cfg.audio_frames,
-        "warmups": cfg.warmups,
+        "prompt_tokens": args.prompt_tokens,
+        "text_tokens_per_request": args.text_tokens,
+        "audio_frames_per_request": args.audio_frames,
         "command": shlex.join(["omnivoice", *sys.argv[1:]]),
         **_software(),
     }
     baseline = None
     if args.baseline == "transformers":
-        baseline = _run_baseline(profile, source, cfg, args, newline, progress, meta)
+        progress = _progress(args.quiet, _per_run(args.records, 1, 1))
+        baseline = _run_baseline(profile, source, cfgs[0], args, newline, progress, meta)
         if "error" not in baseline:
             print(format_table(baseline) + "\n", flush=True)
 
@@ -168,33 +193,42 @@ def run(args: argparse.Namespace) -> int:
     if torch.cuda.is_available():
         gb = torch.cuda.memory_allocated() / 1e9
         print(f"GPU memory allocated after the engine start: {gb:.1f} GB", file=sys.stderr, flush=True)
-    print(f"engine ready in {start_s:.1f} s; {cfg.num_prompts} requests (+{cfg.warmups} warm-up) "
-          f"at concurrency {cfg.concurrency}", file=sys.stderr, flush=True)  # fmt: skip
+    print(f"engine ready in {start_s:.1f} s", file=sys.stderr, flush=True)
 
-    async def drive():
+    async def drive() -> list[Any]:
+        results = []
         try:
-            return await run_engine_load(engine, cfg, newline, progress)
+            for cfg in cfgs:
+                print(f"{cfg.num_prompts} requests (+{cfg.warmups} warm-up) at concurrency {cfg.concurrency}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                progress = _progress(args.quiet, _per_run(args.records, cfg.concurrency, runs))
+                results.append(await run_engine_load(engine, cfg, newline, progress))
         finally:
             await engine.close()
+        return results
 
-    result = asyncio.run(drive())
-    summary = summarize(result.records, result.duration_s)
-    report = build_report(
-        summary,
-        **meta,
-        engine=f"omnivoice staged engine ({profile.stages.thinker.execution})",
-        concurrency=cfg.concurrency,
-        engine_start_s=round(start_s, 2),
-    )
-    report["stages"] = [asdict(s) for s in result.stages]
-    if baseline is not None:
-        report["baseline"] = baseline
-    print(format_table(report))
-    print(_stage_table(report["stages"]))
-    if args.output_json is not None:
-        write_json(report, args.output_json)
-        print(f"wrote {args.output_json}", file=sys.stderr)
-    return 0 if summary.requests > 0 else 1
+    measured = 0
+    for cfg, result in zip(cfgs, asyncio.run(drive()), strict=True):
+        summary = summarize(result.records, result.duration_s)
+        measured += summary.requests
+        report = build_report(
+            summary,
+            **meta,
+            warmups=cfg.warmups,
+            engine=f"omnivoice staged engine ({profile.stages.thinker.execution})",
+            concurrency=cfg.concurrency,
+            engine_start_s=round(start_s, 2),
+        )
+        report["stages"] = [asdict(s) for s in result.stages]
+        if baseline is not None:
+            report["baseline"] = baseline
+        print(format_table(report))
+        print(_stage_table(report["stages"]))
+        out = _per_run(args.output_json, cfg.concurrency, runs)
+        if out is not None:
+            write_json(report, out)
+            print(f"wrote {out}", file=sys.stderr)
+    return 0 if measured > 0 else 1
 
 
 def _run_baseline(profile, source, cfg, args, newline, progress, meta) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
 from typing import Any
 
@@ -38,6 +39,7 @@ def freeze_built_objects(what: str) -> None:
 def thaw_built_objects() -> None:
     """Undo `freeze_built_objects` (an engine stopped in a process that goes on)."""
     gc.unfreeze()
+    gc.callbacks[:] = [cb for cb in gc.callbacks if not isinstance(cb, _PauseWatch)]
 
 
 class _PauseWatch:
@@ -51,7 +53,7 @@ class _PauseWatch:
             self.started = time.perf_counter()
             return
         took = time.perf_counter() - self.started
-        if took >= SLOW_COLLECTION_S:
+        if took >= SLOW_COLLECTION_S and not sys.is_finalizing():
             log.warning(
                 "gc: generation %d collection took %.0f ms (%d objects collected)",
                 info.get("generation", -1),

@@ -18,7 +18,7 @@ import torch
 
 from omnivoice.config import ThinkerStage
 from omnivoice.engine.chunks import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
-from omnivoice.engine.types import GenerationRequest, StageStats
+from omnivoice.engine.types import GenerationRequest, Sampling, StageStats
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
@@ -224,14 +224,18 @@ class ThinkerRunner:
         seqs: list[_Seq] = []
         prompts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         rows: list[int] = []
+        resets: list[tuple[int, Sampling, tuple[int, ...]]] = []  # (slot, sampling, history) to set
         for b, (p, n_new) in enumerate(zip(batch, lengths, strict=True)):
-            seq, prompt = self._start(p, kept[0][b, :n_new], kept[accept][b, :n_new])
+            seq, prompt = self._start(p, kept[0][b, :n_new], kept[accept][b, :n_new], resets)
             if prompt is None:  # prefill-only: cached, done
                 outs.append(StageFinished(p.request.request_id, "thinker", "stop", 0, seq.prompt_len))
                 continue
             seqs.append(seq)
             prompts.append(prompt)
             rows.append(b)
+        if resets:
+            slots, params, histories = zip(*resets, strict=True)
+            self.sampler.reset(slots, params, histories)
         if seqs:
             index = to_device(rows, h.device)
             ends = to_device([lengths[b] - 1 for b in rows], h.device)
@@ -240,17 +244,17 @@ class ThinkerRunner:
         return outs
 
     def _start(
-        self, p: _Pending, embeds: torch.Tensor, hidden: torch.Tensor
+        self, p: _Pending, embeds: torch.Tensor, hidden: torch.Tensor, resets: list
     ) -> tuple[_Seq, tuple[torch.Tensor, torch.Tensor] | None]:
         """Book a prefilled request: a running sequence, and the prompt's embeddings and accept-layer
-        hidden states [n, H] that its first chunk brings the talker (None: prefill-only, done)."""
+        hidden states [n, H] that its first chunk brings the talker (None: prefill-only, done). Its
+        sampler slot is added to `resets`, set for the whole batch at once."""
         req, n = p.request, len(p.request.prompt.input_ids)
         if p.entry is not None:
             embeds = torch.cat([p.entry.embeds[: p.reuse], embeds])  # [n, H]
             hidden = torch.cat([p.entry.hidden[: p.reuse], hidden])
         max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - n)
         params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
-        self.sampler.reset([p.slot], [params], [req.prompt.input_ids])
         seq = _Seq(req, p.slot, params.max_tokens, prompt_len=n)
         if req.cache_key:
             seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
@@ -263,6 +267,7 @@ class ThinkerRunner:
             self._retire(seq)
             return seq, None
         self.running[req.request_id] = seq
+        resets.append((p.slot, params, req.prompt.input_ids))
         return seq, (embeds, hidden)
 
     def _retire(self, seq: _Seq) -> None:

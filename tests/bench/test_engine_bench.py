@@ -48,6 +48,28 @@ def test_cli_reports_engine_and_transformers_baseline(tiny_checkpoint: Path, tmp
     assert base["mean_ttfp_ms"] == base["mean_latency_ms"]  # not streaming: all audio at the end
 
 
+def test_several_concurrencies_run_on_one_engine_start_each_with_its_report(
+    tiny_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text(yaml.safe_dump({"model": {"path": str(tiny_checkpoint)}, "stages": STAGES}))
+    argv = ["bench", "engine", "--profile", str(profile), "--concurrency", "2", "1"]
+    argv += ["--num-prompts", "4", "2"]
+    argv += ["--warmups", "0", "--prompt-tokens", "24", "--text-tokens", "4", "--audio-frames", str(FRAMES)]
+    argv += ["--output-json", str(tmp_path / "r.json"), "--records", str(tmp_path / "r.jsonl"), "--quiet"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.count("engine ready in") == 1
+    for c, n in ((2, 4), (1, 2)):
+        report = json.loads((tmp_path / f"r-c{c}.json").read_text())
+        assert report["concurrency"] == c and report["requests"] == n and report["errors"] == 0
+        assert report["engine_start_s"] > 0 and report["warmups"] == 0
+        assert len((tmp_path / f"r-c{c}.jsonl").read_text().splitlines()) == n
+    assert not (tmp_path / "r.json").exists()
+    bad = [*argv[:7], "--num-prompts", "4", "2", "1"]
+    assert main(bad) == 2
+    assert "--num-prompts takes one value or one per --concurrency value" in capsys.readouterr().err
+
+
 def test_chat_prompt_uses_the_model_ids_and_plain_text() -> None:
     spec = dummy_spec(DummySource("qwen3-omni-30b-a3b"))
     ids = chat_prompt(spec, 128, np.random.default_rng(0), NEWLINE_ID).input_ids

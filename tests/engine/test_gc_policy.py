@@ -10,7 +10,7 @@ import pytest
 
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
-from omnivoice.engine.gc_policy import watch_gc_pauses
+from omnivoice.engine.gc_policy import thaw_built_objects, watch_gc_pauses
 
 
 async def test_thread_stages_freeze_what_they_built_until_the_engine_stops(tiny_checkpoint: Path) -> None:
@@ -22,9 +22,11 @@ async def test_thread_stages_freeze_what_they_built_until_the_engine_stops(tiny_
     try:
         # the model's modules and tensors, and all that torch and transformers hold
         assert gc.get_freeze_count() > 10_000
+        assert any(type(cb).__name__ == "_PauseWatch" for cb in gc.callbacks)
     finally:
         await engine.close()
     assert gc.get_freeze_count() == 0
+    assert not any(type(cb).__name__ == "_PauseWatch" for cb in gc.callbacks)
 
 
 def test_a_slow_collection_is_logged(
@@ -35,6 +37,9 @@ def test_a_slow_collection_is_logged(
     watches = [cb for cb in gc.callbacks if type(cb).__name__ == "_PauseWatch"]
     assert len(watches) == 1
     monkeypatch.setattr("omnivoice.engine.gc_policy.SLOW_COLLECTION_S", 0.0)
-    with caplog.at_level(logging.WARNING, logger="omnivoice.engine.gc_policy"):
-        gc.collect()
+    try:
+        with caplog.at_level(logging.WARNING, logger="omnivoice.engine.gc_policy"):
+            gc.collect()
+    finally:
+        thaw_built_objects()
     assert any("gc: generation 2 collection took" in r.getMessage() for r in caplog.records)
