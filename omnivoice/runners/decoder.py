@@ -14,14 +14,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
-from omnivoice.runners.fused_layers import (
-    CompiledFn,
-    LayerWeights,
-    MoeWeights,
-    decode_layer,
-    layer_weights,
-    moe,
-)
+from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, decode_layer, layer_weights
 from omnivoice.runners.kv_cache import SlotKVCache, write_read
 from omnivoice.runners.transfer import to_device
 
@@ -125,7 +118,7 @@ class DecoderStack:
             h = residual + self._attention(
                 layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask, (slot_idx, positions)
             )
-            h = h + self._prefill_mlp(i, layer, layer.post_attention_layernorm(h))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i + 1 in keep:
                 kept[i + 1] = h
         for slot, start, n in zip(slots, starts, lengths, strict=True):
@@ -186,15 +179,6 @@ class DecoderStack:
 
     def _fused_layer(self, i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask) -> torch.Tensor:
         return self._layer(h, w, cos, sin, cache.k[i], cache.v[i], slot_idx, positions, mask, kv_len)
-
-    def _prefill_mlp(self, i: int, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """A layer's MLP over [B, T, H]. A fused (GPU) MoE layer runs `fused_layers.moe` eagerly: the
-        same math as transformers' experts with fewer and smaller kernels (no masking passes over the
-        (token, expert) pairs), which a batched prefill of thousands of tokens feels."""
-        fused = self._fused[i] if self._fused else None
-        if fused is None or not isinstance(fused.mlp, MoeWeights):
-            return layer.mlp(x)
-        return moe(x.reshape(-1, x.shape[-1]), fused.mlp).view(x.shape)
 
     def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not self._qkv:

@@ -144,38 +144,6 @@ def test_fused_decode_layers_match_transformers_modules(
             torch.testing.assert_close(kept[k], ref_kept[k], rtol=1e-4, atol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("starts", [(0, 0), (4, 0)])
-def test_fused_prefill_matches_transformers_modules(tiny_checkpoint: Path, starts: tuple[int, int]) -> None:
-    """A batched prefill (rows right-padded to one length) with the GPU's MoE (`fused_layers.moe`)
-    against the layers' own modules. Rows that all start at 0 attend causally without a mask."""
-    profile = _profile(tiny_checkpoint, "cpu", "eager")
-    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
-    gen = torch.Generator().manual_seed(2)
-    lengths = [6, 4]
-    for name, (stack, cache) in _stacks(runners).items():
-        if name == "code predictor":
-            continue  # dense: its prefill runs the modules either way
-        hidden = stack.layers[0].input_layernorm.weight.shape[0]
-        h = torch.randn(2, 6, hidden, generator=gen)
-        with torch.inference_mode():
-            for layer in stack.layers:
-                for param in layer.parameters():
-                    if param.dim() > 1:
-                        param.normal_(0.0, param.shape[-1] ** -0.5, generator=gen)
-            cache.k.normal_(generator=gen)  # a cached prefix, where a row starts later
-            cache.v.normal_(generator=gen)
-            ref, _ = stack.forward(h, cache, [0, 1], list(starts), lengths=lengths)
-            stack.fuse()
-            out, _ = stack.forward(h, cache, [0, 1], list(starts), lengths=lengths)
-            # each row alone, at its own length (no padding, no batch)
-            alone = [
-                stack.forward(h[b : b + 1, :n], cache, [b], [starts[b]])[0][0] for b, n in enumerate(lengths)
-            ]
-        for b, n in enumerate(lengths):  # the real positions of each row
-            torch.testing.assert_close(out[b, :n], ref[b, :n], rtol=1e-4, atol=1e-4, msg=name)
-            torch.testing.assert_close(out[b, :n], alone[b], rtol=1e-4, atol=1e-4, msg=name)
-
-
 def _step(stack, cache, h: torch.Tensor) -> torch.Tensor:
     rows = h.shape[0]
     out, _ = stack.forward_indexed(h, cache, torch.arange(rows), torch.tensor([5, 0, 9][:rows]), 16)
