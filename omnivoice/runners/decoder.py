@@ -116,7 +116,7 @@ class DecoderStack:
             residual = h
             x = layer.input_layernorm(h)
             h = residual + self._attention(
-                layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask, (slot_idx, positions)
+                layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask, (slot_idx, start_idx)
             )
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             if i + 1 in keep:

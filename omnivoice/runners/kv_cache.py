@@ -58,18 +58,16 @@ class SlotKVCache:
     ) -> None:
         """k, v: [B, kv_heads, T, head_dim] for rows at positions starts[b] .. starts[b] + T.
 
-        `index` (slots [B] and each row's positions [B, T], as device tensors) lets several rows write
-        with one indexed copy per tensor instead of one copy per row (a batched prefill of 48 layers
-        made thousands of them).
+        `index` (slots, starts as device tensors) lets a one-token step of several rows write with one
+        indexed copy per tensor instead of one copy per row.
         """
         t = k.shape[2]
         if max(starts) + t > self.max_len:
             raise RuntimeError(f"sequence exceeds the KV cache length {self.max_len}")
-        if len(slots) > 1 and index is not None:
-            slot_idx, positions = index
-            rows = slot_idx.unsqueeze(1)  # [B, 1] against positions [B, T]
-            self.k[layer][rows, :, positions] = k.transpose(1, 2)  # [B, T, kv_heads, head_dim]
-            self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        if t == 1 and len(slots) > 1 and index is not None:
+            slot_idx, start_idx = index
+            self.k[layer][slot_idx, :, start_idx] = k[:, :, 0]  # [B, kv_heads, head_dim]
+            self.v[layer][slot_idx, :, start_idx] = v[:, :, 0]
             return
         for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
             self.k[layer, slot, :, start : start + t] = k[b]
