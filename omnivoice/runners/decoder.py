@@ -98,11 +98,7 @@ class DecoderStack:
         length = max(starts) + t
         lengths = lengths or [t] * b
         mask = None
-        # Rows that all start at position 0 (new prompts, no cached prefix) need causal attention
-        # alone: a real position only ever attends to earlier, real positions of its row (the padding
-        # is on the right, and only padding positions see it). Without a mask SDPA runs its fused
-        # causal kernels; a mask would send a batched prefill to the materialized math path.
-        if max(starts) > 0 and (b > 1 or t > 1):
+        if b > 1 or (starts[0] > 0 and t > 1):
             keys = torch.arange(length, device=device).view(1, 1, 1, length)
             mask = keys <= positions.view(b, 1, t, 1)  # [B, 1, T, K]
             if min(lengths) < t:
