@@ -144,6 +144,28 @@ def test_fused_decode_layers_match_transformers_modules(
             torch.testing.assert_close(kept[k], ref_kept[k], rtol=1e-4, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("starts", [(0, 0), (4, 0)])
+def test_a_batched_prefill_equals_each_row_alone(tiny_checkpoint: Path, starts: tuple[int, int]) -> None:
+    """Prompts right-padded to one length and prefilled together (with and without a cached prefix
+    before one row) give each row's real positions what the row alone gives."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    gen = torch.Generator().manual_seed(2)
+    lengths = [6, 4]
+    for name, (stack, cache) in _stacks(runners).items():
+        hidden = stack.layers[0].input_layernorm.weight.shape[0]
+        h = torch.randn(2, 6, hidden, generator=gen)
+        with torch.inference_mode():
+            cache.k.normal_(generator=gen)  # the cached prefix of a row that starts later
+            cache.v.normal_(generator=gen)
+            batched, _ = stack.forward(h, cache, [0, 1], list(starts), lengths=lengths)
+            alone = [
+                stack.forward(h[b : b + 1, :n], cache, [b], [starts[b]])[0][0] for b, n in enumerate(lengths)
+            ]
+        for b, n in enumerate(lengths):
+            torch.testing.assert_close(batched[b, :n], alone[b], rtol=1e-4, atol=1e-4, msg=name)
+
+
 def _step(stack, cache, h: torch.Tensor) -> torch.Tensor:
     rows = h.shape[0]
     out, _ = stack.forward_indexed(h, cache, torch.arange(rows), torch.tensor([5, 0, 9][:rows]), 16)
