@@ -1,0 +1,25 @@
+#!/bin/bash
+# Issue 8's GPU figures in one command on the lent H200 (the `device` tool runs it in a copy of the
+# working tree, with the pydantic wheels of `.whl/` carried along; results go under $OUT as r.tgz):
+#   the CUDA sampling-graph check, c=32 and c=1 on one engine start (`bench engine` sweep), then,
+#   with PARITY=1, graphed-vs-eager parity, and with PROF=1, the per-stage step profiles.
+# TS / TPA / TP: time limits in seconds of the three parts.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p $OUT/r
+python3 -c "from tests.engine.test_slot_sampling import *; test_sampling_replays_from_a_cuda_graph_as_it_runs_eagerly(); print('sampling graph ok')" || exit 1
+( time timeout ${TS:-300} python3 -m omnivoice bench engine --profile configs/h200-dummy.yaml --prompt-tokens 128 \
+    --text-tokens 64 --audio-frames 240 --concurrency 32 1 --num-prompts 128 5 --warmups 5 2 \
+    --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet ) > $OUT/r/sweep.log 2>&1
+grep -v "^\[" $OUT/r/sweep.log | tail -45
+if [ -n "$PARITY" ]; then
+( time timeout ${TPA:-200} python3 -m omnivoice bench parity --profile configs/h200-dummy.yaml --requests 4 --prompt-tokens 128 \
+    --text-tokens 64 --audio-frames 120 --output-json $OUT/r/parity.json ) > $OUT/r/parity.log 2>&1
+tail -8 $OUT/r/parity.log
+fi
+if [ -n "$PROF" ]; then
+( time timeout ${TP:-250} python3 benchmarks/profile_steps.py --profile configs/h200-dummy.yaml --batch 32 --out $OUT/r/prof ) > $OUT/r/prof.log 2>&1
+tail -5 $OUT/r/prof.log
+fi
+cd $OUT && tar czf r.tgz r && rm -rf r
