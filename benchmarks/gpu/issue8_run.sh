@@ -13,12 +13,12 @@ python3 -c "from tests.engine.test_slot_sampling import *; test_sampling_replays
     --text-tokens 64 --audio-frames 240 --concurrency 32 1 --num-prompts 128 5 --warmups 5 2 \
     --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet ) > $OUT/r/sweep.log 2>&1
 grep -v "^\[" $OUT/r/sweep.log | tail -45
-if [ -n "$PARITY" ]; then
+if [ -n "${PARITY:-}" ]; then
 ( time timeout ${TPA:-200} python3 -m omnivoice bench parity --profile configs/h200-dummy.yaml --requests 4 --prompt-tokens 128 \
     --text-tokens 64 --audio-frames 120 --output-json $OUT/r/parity.json ) > $OUT/r/parity.log 2>&1
 tail -8 $OUT/r/parity.log
 fi
-if [ -n "$PROF" ]; then
+if [ -n "${PROF:-}" ]; then
 ( time timeout ${TP:-250} python3 benchmarks/profile_steps.py --profile configs/h200-dummy.yaml --batch 32 --out $OUT/r/prof ) > $OUT/r/prof.log 2>&1
 tail -5 $OUT/r/prof.log
 fi
