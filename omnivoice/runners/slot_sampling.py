@@ -1,13 +1,13 @@
 """Token sampling whose per-request state lives on the device, one row per KV slot.
 
-`sample_rows` (sampling.py) rebuilds each step's repetition-penalty and min-tokens masks from Python
-lists and draws on the host, so a decode step cannot be queued before the previous step's tokens are
-back on the host. `SlotSampler` keeps the same state as device tensors indexed by KV slot (the ids a
+Sampling that rebuilds each step's repetition-penalty and min-tokens masks from Python lists (the
+host reference in tests/engine/host_sampling.py) cannot queue a decode step before the previous step's
+tokens are back on the host. `SlotSampler` keeps that state as device tensors indexed by KV slot (the ids a
 request has seen, how many tokens it has sampled, its parameters), so a whole step, sampling included,
 is a fixed-shape function of device tensors: it can be captured in a CUDA graph, and the next step can
 be queued while the host still handles this one's tokens.
 
-Semantics are `sample_rows`' (transformers' order: repetition penalty, min-new-tokens, suppressed
+Semantics are the reference's (transformers' order: repetition penalty, min-new-tokens, suppressed
 tokens, then temperature, top-k, top-p; greedy is the first maximum), and for the same uniform draw
 it picks the same token. The draws come from each request's own host generator, as there.
 """

@@ -6,7 +6,8 @@ from transformers.generation.logits_process import (
 )
 
 from omnivoice.engine.types import Sampling
-from omnivoice.runners.sampling import RequestSampler, process_rows, sample_rows
+
+from .host_sampling import RequestSampler, process_rows, sample_rows
 
 
 def test_processing_matches_transformers_processors() -> None:

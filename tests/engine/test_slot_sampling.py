@@ -7,8 +7,9 @@ import torch
 
 from omnivoice.engine.types import Sampling
 from omnivoice.runners.graphs import StepGraphs
-from omnivoice.runners.sampling import RequestSampler, process_rows, sample_rows
 from omnivoice.runners.slot_sampling import SlotSampler
+
+from .host_sampling import RequestSampler, process_rows, sample_rows
 
 VOCAB = 96
 END = 5

@@ -1,12 +1,12 @@
-"""Token sampling with transformers' logits-processor semantics, per request, batched over requests.
+"""The host reference for sampling: transformers' logits-processor semantics, per request, batched.
 
 Order as in transformers' generate(): repetition penalty, min-new-tokens (end ids masked),
 suppressed tokens, then temperature, top-k, top-p. Temperature 0 (or top-k 1) is greedy (first maximum).
 
-`sample_rows` processes a whole batch's logits in a few tensor ops and leaves the tokens on the
-logits' device: no host round trip per row (on a GPU each one was a full stream sync). Each request
-keeps its own state (history, count, generator) in its `RequestSampler`; a sampled row draws one
-uniform number from its own generator and picks its token by inverse CDF on the device.
+The runners sample with `omnivoice.runners.slot_sampling.SlotSampler`, whose state lives on the
+device. This plain version (each request's state in a `RequestSampler` on the host, masks rebuilt from
+Python lists every step) is what the tests hold it to: test_sampling checks it against transformers'
+own processors, test_slot_sampling checks that SlotSampler picks the same tokens for the same draws.
 """
 
 from __future__ import annotations
