@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,7 @@ from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.slot_sampling import SlotSampler
-from omnivoice.runners.transfer import to_device
+from omnivoice.runners.transfer import ReadBack, to_device
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -62,14 +61,12 @@ class _Seq:
 
 
 @dataclass
-class _Queued:
-    """A queued step whose results the host has not read yet."""
+class _Step:
+    """A queued step, as the host knows it; its results come back through `ReadBack`."""
 
     seqs: list[_Seq]
     counts: list[int]  # each row's codebook-0 tokens with this step's
-    out: torch.Tensor  # host [n, G + 1]: each row's frame then its next token (prefill: [n, 1])
-    has_frames: bool
-    done: torch.cuda.Event | None  # when `out` is on the host (None on the CPU: it already is)
+    has_frames: bool  # results [n, G + 1]: each row's frame then its next token (a prefill: [n, 1])
 
 
 class TalkerRunner:
@@ -104,7 +101,7 @@ class TalkerRunner:
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
         self.seqs: dict[str, _Seq] = {}
-        self._queued: deque[_Queued] = deque()
+        self._queued: ReadBack[_Step] = ReadBack()
         self._steps = 0
         self._last_batch = 0
         if graphs:
@@ -289,24 +286,14 @@ class TalkerRunner:
         return (self.sampler.sample(self.model.codec_head(hidden), slot_idx, u),)
 
     def _queue(self, seqs: list[_Seq], out: torch.Tensor, has_frames: bool) -> None:
-        done = None
-        if out.device.type == "cuda":
-            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-            host.copy_(out, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            out = host
-        self._queued.append(_Queued(seqs, [s.sampled for s in seqs], out, has_frames, done))
+        self._queued.put(_Step(seqs, [s.sampled for s in seqs], has_frames), out)
 
     def _read_back(self, keep: int) -> list[Any]:
         """Hand on the frames of every queued step but the last `keep`, and end the requests whose
         last token they hold."""
         outs: list[Any] = []
-        while len(self._queued) > keep:
-            q = self._queued.popleft()
-            if q.done is not None:
-                q.done.synchronize()
-            out = q.out.numpy()
+        for q, results in self._queued.take(keep):
+            out = results.numpy()
             for b, s in enumerate(q.seqs):
                 rid = s.request.request_id
                 if self.seqs.get(rid) is not s:

@@ -24,7 +24,7 @@ from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
 from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_inputs import embed_prompt
-from omnivoice.runners.transfer import to_device
+from omnivoice.runners.transfer import ReadBack, to_device
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -66,15 +66,13 @@ class _Pending:
 
 
 @dataclass
-class _Queued:
-    """A queued step whose tokens the host has not read yet."""
+class _Step:
+    """A queued step, as the host knows it. Its results come back through `ReadBack`: the tokens [n],
+    their embeddings for the talker [n, H] (or None), and per row of a prefill the prompt's
+    embeddings and hidden states (or None)."""
 
     seqs: list[_Seq]
     counts: list[int]  # each row's tokens with this step's
-    tokens: torch.Tensor  # [n] host
-    embeds: torch.Tensor | None  # [n, H] host float32: the tokens' embeddings, for the talker
-    prompts: list[tuple[torch.Tensor, torch.Tensor] | None]  # prefill: each row's prompt embeds, hidden
-    done: torch.cuda.Event | None  # when the tensors are on the host (None on the CPU)
 
 
 class ThinkerRunner:
@@ -109,7 +107,7 @@ class ThinkerRunner:
         self.tokens = torch.zeros(self.cache.scratch + 1, dtype=torch.long, device=device)  # each slot's last
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
-        self._queued: deque[_Queued] = deque()
+        self._queued: ReadBack[_Step] = ReadBack()
         self.waiting: deque[GenerationRequest] = deque()
         self.running: dict[str, _Seq] = {}
         self._steps = 0
@@ -313,30 +311,15 @@ class ThinkerRunner:
         embeds = self.embed(tokens) if any(s.request.want_audio for s in seqs) else None
         for s in seqs:
             s.sampled += 1
-        done = None
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-        queued = _Queued(
-            seqs,
-            [s.sampled for s in seqs],
-            _to_host(tokens),
-            None if embeds is None else _to_host(embeds),
-            [None if p is None else (_to_host(p[0]), _to_host(p[1])) for p in prompts or [None] * len(seqs)],
-            done,
-        )
-        if done is not None:
-            done.record()
-        self._queued.append(queued)
+        prompt_rows = prompts or [None] * len(seqs)
+        self._queued.put(_Step(seqs, [s.sampled for s in seqs]), (tokens, embeds, prompt_rows))
 
     def _read_back(self, keep: int) -> list[Any]:
         """Turn every queued step but the last `keep` into outputs, and end the requests it ends."""
         outs: list[Any] = []
-        while len(self._queued) > keep:
-            q = self._queued.popleft()
-            if q.done is not None:
-                q.done.synchronize()
-            tokens = q.tokens.tolist()
-            embeds = None if q.embeds is None else q.embeds.numpy()
+        for q, (host_tokens, host_embeds, prompt_rows) in self._queued.take(keep):
+            tokens = host_tokens.tolist()
+            embeds = None if host_embeds is None else host_embeds.numpy()
             for b, seq in enumerate(q.seqs):
                 rid = seq.request.request_id
                 if self.running.get(rid) is not seq:
@@ -352,7 +335,7 @@ class ThinkerRunner:
                 if seq.request.want_audio:
                     assert embeds is not None
                     outs.append(
-                        self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, q.prompts[b])
+                        self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, prompt_rows[b])
                     )
                 if reason is not None:
                     outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len))
@@ -380,17 +363,6 @@ class ThinkerRunner:
         return ThinkerChunk(
             rid, ids, embeds, final, req.prompt.input_ids, prompt[0].numpy(), prompt[1].numpy(), req
         )
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """t on the host (floating point as float32), copied without a sync (pinned) from a GPU."""
-    dtype = torch.float32 if t.is_floating_point() else t.dtype
-    t = t.detach().to(dtype)
-    if t.device.type != "cuda":
-        return t
-    host = torch.empty(t.shape, dtype=dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
 
 
 def _with_max(s: Any, max_tokens: int) -> Any:
