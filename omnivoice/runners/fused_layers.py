@@ -186,7 +186,7 @@ def attention_outputs(
     x = rms_norm(h, w.post_norm, w.eps)
     if isinstance(w.mlp, DenseWeights):
         return h + _dense(x, w.mlp)
-    return h + _moe(x.view(b * t, -1), w.mlp).view(b, t, -1)
+    return h + moe(x.view(b * t, -1), w.mlp).view(b, t, -1)
 
 
 def _dense(x: torch.Tensor, w: DenseWeights) -> torch.Tensor:
@@ -194,7 +194,7 @@ def _dense(x: torch.Tensor, w: DenseWeights) -> torch.Tensor:
     return F.linear(F.silu(gate) * up, w.down)
 
 
-def _moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
+def moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     """x [N, H] -> [N, H]: top-k of the softmax router, experts as two grouped GEMMs over the
     (token, expert) pairs grouped by expert, weighted and summed back per token (deterministic)."""
     n, hidden = x.shape
