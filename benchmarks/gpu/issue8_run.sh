@@ -2,13 +2,18 @@
 # Issue 8's GPU figures in one command on the lent H200 (the `device` tool runs it in a copy of the
 # working tree, with the pydantic wheels of `.whl/` carried along; results go under $OUT as r.tgz):
 #   the CUDA sampling-graph check, c=32 and c=1 on one engine start (`bench engine` sweep), then,
-#   with PARITY=1, graphed-vs-eager parity, and with PROF=1, the per-stage step profiles.
+#   with PARITY=1, graphed-vs-eager parity, and with PROF=1, the per-stage step profiles; PARTS=1
+#   first times one full-size layer's prefill parts (benchmarks/prefill_parts.py).
 # TS / TPA / TP: time limits in seconds of the three parts.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p $OUT/r
 python3 -c "from tests.engine.test_slot_sampling import *; test_sampling_replays_from_a_cuda_graph_as_it_runs_eagerly(); print('sampling graph ok')" || exit 1
+if [ -n "${PARTS:-}" ]; then  # one full-size layer's prefill parts: ~1 minute
+python3 benchmarks/prefill_parts.py --rows 1 32 --tokens 140 --out $OUT/r/prefill-parts.json > $OUT/r/parts.log 2>&1
+tail -3 $OUT/r/parts.log
+fi
 ( time timeout ${TS:-300} python3 -m omnivoice bench engine --profile configs/h200-dummy.yaml --prompt-tokens 128 \
     --text-tokens 64 --audio-frames 240 --concurrency 32 1 --num-prompts 128 5 --warmups 5 2 \
     --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet ) > $OUT/r/sweep.log 2>&1

@@ -40,6 +40,10 @@ ABORTED_MEMORY = 4096
 # stage before it handled the same abort (one of its steps plus one queue hop: far less than this);
 # forgetting it afterwards lets the worker's tables drain back to empty when it goes idle.
 TOMBSTONE_TTL_S = 30.0
+# A step (or a batch of incoming messages) at least this long, and SLOW_FACTOR times the stage's usual
+# step, is logged with what the stage held: the one-off stalls that a mean per step hides.
+SLOW_S = 0.25
+SLOW_FACTOR = 8.0
 
 
 class StageRunner(Protocol):
@@ -95,6 +99,7 @@ class StageWorker:
         self._last_stats = 0.0
         self._sent_stats: StageStats | None = None
         self._busy_s = 0.0
+        self._usual_step_s: float | None = None  # moving average of the step time
         # Requests aborted here recently (id -> when): messages already in flight for them (from the
         # upstream stage, sent before it saw the abort) must not start them again.
         self._aborted: OrderedDict[str, float] = OrderedDict()
@@ -113,11 +118,14 @@ class StageWorker:
                 if first is None and self.parent_pid is not None and os.getppid() != self.parent_pid:
                     log.warning("%s stage: parent process %d is gone; exiting", name, self.parent_pid)
                     return
+            began = time.perf_counter()
             for msg in msgs:
                 if isinstance(msg, Shutdown):
                     log.info("%s stage stopping", name)
                     return
                 self._handle(msg)
+            if msgs:
+                self._report_slow(f"taking {len(msgs)} messages", time.perf_counter() - began)
             if self.runner.has_work():
                 self._step()
             self._publish_stats()
@@ -150,8 +158,28 @@ class StageWorker:
             self._fail(ids, e)
             return
         finally:
-            self._busy_s += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self._busy_s += took
+        self._report_slow("a step", took)
+        usual = self._usual_step_s
+        self._usual_step_s = took if usual is None else 0.9 * usual + 0.1 * took
         self._route(outs)
+
+    def _report_slow(self, what: str, took: float) -> None:
+        usual = self._usual_step_s
+        if usual is None or took < SLOW_S or took < SLOW_FACTOR * usual:
+            return
+        st = self.runner.stats()
+        log.info(
+            "%s stage: slow: %s took %.0f ms (a step usually %.0f ms); %d running, %d queued, last batch %d",
+            self.runner.name,
+            what,
+            took * 1e3,
+            usual * 1e3,
+            st.running,
+            st.queued,
+            st.last_batch_size,
+        )
 
     def _tombstone(self, rid: str) -> None:
         self._aborted[rid] = time.monotonic()

@@ -97,3 +97,41 @@ def test_tables_drain_and_tombstones_expire(monkeypatch: pytest.MonkeyPatch) -> 
     finally:
         inbox.put(Shutdown())
         thread.join(5)
+
+
+class SteppingRunner(HoldingRunner):
+    """Steps while `steps` lasts; the one numbered `slow` takes 0.2 s, the others 2 ms."""
+
+    def __init__(self, steps: int, slow: int) -> None:
+        super().__init__()
+        self.steps, self.slow, self.done = steps, slow, 0
+
+    def has_work(self) -> bool:
+        return self.done < self.steps
+
+    def step(self) -> list[Any]:
+        time.sleep(0.2 if self.done == self.slow else 0.002)
+        self.done += 1
+        return []
+
+
+def test_a_step_far_slower_than_usual_is_logged(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(stage, "SLOW_S", 0.1)
+    runner = SteppingRunner(steps=30, slow=20)
+    inbox, engine = LocalConnector(), LocalConnector()
+    worker = StageWorker(runner, inbox, [], engine)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level("INFO", logger="omnivoice.engine.stage"):
+        thread.start()
+        try:
+            deadline = time.monotonic() + 5
+            while runner.done < runner.steps and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            inbox.put(Shutdown())
+            thread.join(5)
+    slow = [r.getMessage() for r in caplog.records if "slow" in r.getMessage()]
+    assert len(slow) == 1, slow  # the one slow step; not the 2 ms ones, nor the first (no usual yet)
+    assert slow[0].startswith("thinker stage: slow: a step took 2") and "0 running, 0 queued" in slow[0]
