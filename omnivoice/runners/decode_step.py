@@ -47,10 +47,11 @@ class DecodeStep:
         return bucket(n, self.batch_sizes) if self.pad else n
 
     def __call__(
-        self, inputs: torch.Tensor, slots: list[int]
+        self, inputs: torch.Tensor, slots: list[int], slot_idx: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """inputs [R, 1, H] (R = rows(len(slots)); rows past the slots are padding) -> the final
-        hidden [n, H] and the kept layers' hidden states {layer: [n, H]}. Advances the slots by one."""
+        hidden [n, H] and the kept layers' hidden states {layer: [n, H]}. Advances the slots by one.
+        `slot_idx`: `slot_index(slots)` if the caller has it already."""
         n, rows = len(slots), inputs.shape[0]
         starts = [self.cache.lengths[s] for s in slots]
         end = max(starts) + 1
@@ -58,12 +59,18 @@ class DecodeStep:
             raise RuntimeError(f"sequence exceeds the KV cache length {self.cache.max_len}")
         kv_len = bucket(end, self.kv_sizes) if self.pad else end
         pad = rows - n
-        slot_idx = to_device(slots + [self.cache.scratch] * pad, self.device)
+        if slot_idx is None:
+            slot_idx = self.slot_index(slots)
         start_idx = to_device(starts + [0] * pad, self.device)
         outs = self._run(rows, kv_len, inputs, slot_idx, start_idx)
         for slot, start in zip(slots, starts, strict=True):
             self.cache.lengths[slot] = start + 1
         return outs[0][:n], {k: o[:n] for k, o in zip(self.keep, outs[1:], strict=True)}
+
+    def slot_index(self, slots: list[int]) -> torch.Tensor:
+        """The KV slot of each row of a step of `slots` [rows(len(slots))] on the device: padding rows
+        name the scratch slot."""
+        return to_device(slots + [self.cache.scratch] * (self.rows(len(slots)) - len(slots)), self.device)
 
     def capture_all(self, hidden_size: int, dtype: torch.dtype) -> None:
         """Capture every (batch bucket, KV bucket) graph now, so none is captured while serving."""

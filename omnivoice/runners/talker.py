@@ -29,7 +29,7 @@ from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
-from omnivoice.runners.slot_sampling import SlotSampler
+from omnivoice.runners.slot_sampling import SlotSampler, request_generator
 from omnivoice.runners.transfer import ReadBack, to_device
 
 if TYPE_CHECKING:
@@ -259,7 +259,7 @@ class TalkerRunner:
         n = len(seqs)
         rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
         slots = [s.slot for s in seqs]
-        slot_idx = to_device(slots + [self.cache.scratch] * (rows - n), self.device)
+        slot_idx = self.decode_step.slot_index(slots)
         code0 = self.code0[slot_idx]  # [R]
         code0_embed = self.codec_embed(code0)
         uniforms, greedy = self._residual_draws(seqs, rows)
@@ -267,7 +267,7 @@ class TalkerRunner:
         residual, residual_embeds = self.predictor.predict(hidden, code0_embed, uniforms, greedy)
         summed = torch.cat([code0_embed[:, None], residual_embeds], dim=1).sum(1)  # [R, Ht]
         inputs = summed + pad_rows(self._trailing(seqs), rows)
-        h, _ = self.decode_step(inputs[:, None], slots)  # [n, Ht]
+        h, _ = self.decode_step(inputs[:, None], slots, slot_idx)  # [n, Ht]
         draws = self.sampler.draws(slots, rows)
         (tokens,) = self.sample_graphs(rows, {"hidden": pad_rows(h, rows), "slot_idx": slot_idx, "u": draws})
         self.code0[slot_idx[:n]] = tokens[:n]
@@ -329,11 +329,8 @@ class TalkerRunner:
         for b, s in enumerate(seqs):
             if not greedy[b]:
                 if s.residual_rng is None:
-                    s.residual_rng = torch.Generator()
-                    if s.request.talker.seed is None:
-                        s.residual_rng.seed()
-                    else:
-                        s.residual_rng.manual_seed(s.request.talker.seed + 1)
+                    seed = s.request.talker.seed
+                    s.residual_rng = request_generator(None if seed is None else seed + 1)
                 uniforms[b] = torch.rand(groups, generator=s.residual_rng)
         return to_device(uniforms, self.device, torch.float32), to_device(greedy, self.device, torch.bool)
 

@@ -238,7 +238,7 @@ class ThinkerRunner:
             index = to_device(rows, h.device)
             ends = to_device([lengths[b] - 1 for b in rows], h.device)
             logits = self.model.lm_head(h[index, ends])  # [B', V]
-            self._sample(seqs, logits, prompts)
+            self._sample(seqs, logits, to_device([s.slot for s in seqs], self.device), prompts)
         return outs
 
     def _start(
@@ -281,29 +281,29 @@ class ThinkerRunner:
 
     def _decode(self, seqs: list[_Seq]) -> None:
         """Queue one decode step of the running batch."""
-        n = len(seqs)
-        rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
-        slot_idx = to_device([s.slot for s in seqs] + [self.cache.scratch] * (rows - n), self.device)
+        slots = [s.slot for s in seqs]
+        slot_idx = self.decode_step.slot_index(slots)  # padded to a batch bucket on the GPU
         embeds = self.embed(self.tokens[slot_idx][:, None])  # [R, 1, H]: each row's last token
         accept = self.spec.accept_hidden_layer
-        h, kept = self.decode_step(embeds, [s.slot for s in seqs])
+        h, kept = self.decode_step(embeds, slots, slot_idx)
         for b, s in enumerate(seqs):
             if s.request.cache_key:
                 s.embeds.append(embeds[b])
                 s.hidden.append(kept[accept][b : b + 1])
         logits = self.model.lm_head(h)  # [B, V]
         self._last_batch = len(seqs)
-        self._sample(seqs, logits)
+        self._sample(seqs, logits, slot_idx[: len(seqs)])
 
     def _sample(
         self,
         seqs: list[_Seq],
         logits: torch.Tensor,
+        slot_idx: torch.Tensor,
         prompts: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
     ) -> None:
-        """Sample each row's next token on the device and queue the step's results for the host."""
+        """Sample each row's next token on the device (slot_idx: the rows' slots there) and queue the
+        step's results for the host."""
         slots = [s.slot for s in seqs]
-        slot_idx = to_device(slots, self.device)
         draw = any(slot in self.sampler.generators for slot in slots)  # else all greedy: no sort
         tokens = self.sampler.sample(logits, slot_idx, self.sampler.draws(slots, len(slots)), draw=draw)
         self.tokens[slot_idx] = tokens
