@@ -22,6 +22,16 @@ from omnivoice.engine.types import Sampling
 from omnivoice.runners.transfer import to_device
 
 
+def request_generator(seed: int | None) -> torch.Generator:
+    """A request's own host generator: seeded with `seed`, or from the OS when it has none."""
+    gen = torch.Generator(device="cpu")
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
 class SlotSampler:
     def __init__(
         self,
@@ -76,12 +86,7 @@ class SlotSampler:
         for slot, p, g in zip(slots, params, greedy, strict=True):
             self.generators.pop(slot, None)
             if not g:
-                gen = torch.Generator(device="cpu")
-                if p.seed is None:
-                    gen.seed()
-                else:
-                    gen.manual_seed(p.seed)
-                self.generators[slot] = gen
+                self.generators[slot] = request_generator(p.seed)
 
     def release(self, slot: int) -> None:
         self.generators.pop(slot, None)
