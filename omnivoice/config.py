@@ -118,6 +118,13 @@ class TalkerStage(StageConfig):
     sampling: SamplingDefaults = SamplingDefaults(
         temperature=0.0, top_k=50, repetition_penalty=1.05, max_tokens=2048
     )
+    predictor_kernels: bool | None = Field(
+        None,
+        description="the code predictor's layers as Triton kernels, five per layer with the norms, rope, "
+        "KV writes and residuals fused in (its 15 passes a frame are bound by kernel count). Default "
+        "(null): on for CUDA devices where Triton is installed and the model is bfloat16 or float16; "
+        "true: required (an error otherwise); false: the torch layers",
+    )
 
 
 class Code2WavStage(StageConfig):

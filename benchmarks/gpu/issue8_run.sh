@@ -3,8 +3,10 @@
 # working tree, with the pydantic wheels of `.whl/` carried along; results go under $OUT as r.tgz):
 #   the CUDA sampling-graph check, c=32 and c=1 on one engine start (`bench engine` sweep), then,
 #   with PARITY=1, graphed-vs-eager parity, and with PROF=1, the per-stage step profiles; PARTS=1
-#   first times one full-size layer's prefill parts (benchmarks/prefill_parts.py).
-# TS / TPA / TP: time limits in seconds of the three parts.
+#   first times one full-size layer's prefill parts (benchmarks/prefill_parts.py); KERN=1 first runs
+#   the code predictor kernels' CUDA tests and times a frame (benchmarks/predictor_frame.py); TINY=1
+#   first runs the tiny checkpoint's parity (configs/cuda-tiny.yaml); SWEEP=0 skips the sweep.
+# TS / TPA / TP / TT: time limits in seconds of the sweep, parity, profile and tiny parity.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
@@ -14,10 +16,23 @@ if [ -n "${PARTS:-}" ]; then  # one full-size layer's prefill parts: ~1 minute
 python3 benchmarks/prefill_parts.py --rows 1 32 --tokens 140 --out $OUT/r/prefill-parts.json > $OUT/r/parts.log 2>&1
 tail -3 $OUT/r/parts.log
 fi
+if [ -n "${KERN:-}" ]; then  # ~1-2 minutes
+python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/engine/test_predictor_kernels.py > $OUT/r/kern-tests.log 2>&1
+tail -3 $OUT/r/kern-tests.log
+python3 benchmarks/predictor_frame.py --batch 1 8 32 --out $OUT/r/predictor-frame.json > $OUT/r/kern.log 2>&1
+grep -v "^20" $OUT/r/kern.log | tail -8
+fi
+if [ -n "${TINY:-}" ]; then
+( time timeout ${TT:-200} python3 -m omnivoice bench parity --profile configs/cuda-tiny.yaml --requests 5 \
+    --text-tokens 32 --audio-frames 64 --output-json $OUT/r/tiny-parity.json ) > $OUT/r/tiny-parity.log 2>&1
+tail -8 $OUT/r/tiny-parity.log
+fi
+if [ "${SWEEP:-1}" != 0 ]; then
 ( time timeout ${TS:-300} python3 -m omnivoice bench engine --profile configs/h200-dummy.yaml --prompt-tokens 128 \
     --text-tokens 64 --audio-frames 240 --concurrency 32 1 --num-prompts 128 5 --warmups 5 2 \
     --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet ) > $OUT/r/sweep.log 2>&1
 grep -v "^\[" $OUT/r/sweep.log | tail -45
+fi
 if [ -n "${PARITY:-}" ]; then
 ( time timeout ${TPA:-200} python3 -m omnivoice bench parity --profile configs/h200-dummy.yaml --requests 4 --prompt-tokens 128 \
     --text-tokens 64 --audio-frames 120 --output-json $OUT/r/parity.json ) > $OUT/r/parity.log 2>&1

@@ -4,10 +4,15 @@ A whole frame (the two-position prefill, G-2 one-token steps, G-1 heads and samp
 fixed-shape function of device tensors, so on a GPU it is captured as a single CUDA graph per batch
 bucket (`StepGraphs`). Every row of a frame sits at the same positions, so row b simply uses KV
 slot b of a scratch cache that lives for one frame.
+
+On CUDA devices with Triton, the layers run as `predictor_kernels` (five kernels a layer instead of
+~14 torch kernels): the frame's 75 layer passes are bound by kernel count, not by arithmetic or
+memory, so this is most of a talker step's time.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -21,15 +26,26 @@ from omnivoice.runners.graphs import StepGraphs
 _TOP_K = 50
 _TOP_P = 0.8
 
+log = logging.getLogger(__name__)
+
 
 class CodePredictor:
     def __init__(
-        self, module: Any, max_batch: int, device: torch.device, graphs: bool = False, compile: bool = False
+        self,
+        module: Any,
+        max_batch: int,
+        device: torch.device,
+        graphs: bool = False,
+        compile: bool = False,
+        kernels: bool | None = None,
     ) -> None:
+        """`kernels`: run the layers as `predictor_kernels` (null: on CUDA devices where Triton is
+        installed and the layers are of a shape the kernels take; true: required, also on the CPU
+        under Triton's interpreter, for tests; false: the torch layers)."""
         self.module = module
         self.stack = DecoderStack(module.model, multimodal_rope=False)
-        if device.type == "cuda":
-            self.stack.fuse(compile=compile)
+        if device.type == "cuda" or kernels:
+            self.stack.fuse(compile=compile and device.type == "cuda")
         self.embeds = module.model.codec_embedding  # G-1 embeddings, one per residual codebook
         self.heads = module.lm_head  # G-1 heads
         self.groups = len(self.heads) + 1
@@ -37,10 +53,30 @@ class CodePredictor:
             raise ValueError("code predictor heads with a bias are not supported")
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
-        self.run = StepGraphs(self._frame, "code predictor", enabled=graphs)
+        self.kernels = self._layer_kernels(kernels, max_batch) if device.type == "cuda" or kernels else None
+        frame = self._frame if self.kernels is None else self._frame_kernels
+        self.run = StepGraphs(frame, "code predictor", enabled=graphs)
         self._code: Any = residual_code
         if device.type == "cuda" and compile:
             self._code = CompiledFn(residual_code, "code predictor sampling")
+
+    def _layer_kernels(self, wanted: bool | None, max_batch: int) -> Any:
+        if wanted is False:
+            return None
+        try:
+            from omnivoice.runners import predictor_kernels
+        except ImportError as e:
+            if wanted:
+                raise
+            log.info("code predictor: torch layers (no Triton: %s)", e)
+            return None
+        why = [predictor_kernels.KernelLayer.supported(w) for w in self.stack._fused] or ["not fused"]
+        if any(why):
+            if wanted:
+                raise ValueError(f"code predictor kernels cannot run this model: {next(w for w in why if w)}")
+            log.info("code predictor: torch layers (kernels: %s)", next(w for w in why if w))
+            return None
+        return _KernelFrame(self.stack, self.cache, max_batch, self.groups, predictor_kernels)
 
     def predict(
         self,
@@ -77,6 +113,67 @@ class CodePredictor:
                 break
             h, _ = self.stack.forward_indexed(embeds[-1][:, None], self.cache, slots, start + 2 + k, kv_len)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+
+    def _frame_kernels(
+        self, hidden: torch.Tensor, code0: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_frame` with the layers as Triton kernels over flat rows (the prefill's row 2b + t is
+        request b's position t)."""
+        b, width = hidden.shape
+        run = self.kernels
+        h = run.layers(torch.stack([hidden, code0], dim=1).reshape(2 * b, width), *run.prefill_rows(b))
+        h = h.view(b, 2, width)[:, -1]
+        codes: list[torch.Tensor] = []
+        embeds: list[torch.Tensor] = []
+        for k in range(self.groups - 1):
+            head, table = self.heads[k].weight, self.embeds[k].weight
+            code, embed = self._code(run.final_norm(h), head, table, uniforms[:, k], greedy)
+            codes.append(code)
+            embeds.append(embed)
+            if k == self.groups - 2:
+                break
+            h = run.layers(embed.contiguous(), *run.step_rows(b, k))
+        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+
+
+class _KernelFrame:
+    """What `_frame_kernels` needs besides the weights: the layers for the kernels, the rope of the
+    frame's positions and every row index tensor a frame uses (made once: graph capture allows no
+    host-to-device copies)."""
+
+    def __init__(self, stack: DecoderStack, cache: Any, max_batch: int, groups: int, kernels: Any) -> None:
+        self.cache = cache
+        head_dim = stack.head_dim
+        self.layers_w = [kernels.KernelLayer(w, w.mlp, head_dim) for w in stack._fused]
+        self.norm = stack.norm
+        device = cache.k.device
+        positions = torch.arange(cache.k.shape[3], device=device)[None]
+        probe = torch.zeros(1, dtype=cache.k.dtype, device=device)
+        cos, sin = stack.rotary(probe, positions)
+        self.run = kernels.LayerKernels(cos[0], sin[0])
+        rows = torch.arange(2 * max_batch, dtype=torch.int32, device=device)
+        self._prefill = (rows // 2, rows % 2)  # row 2b + t: slot b, position t
+        self._slots = rows[:max_batch]
+        self._positions = (
+            2
+            + torch.arange(groups - 2, dtype=torch.int32, device=device)[:, None]
+            .expand(-1, max_batch)
+            .contiguous()
+        )  # [G-2, max_batch]: step k's rows are all at position 2 + k
+
+    def prefill_rows(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._prefill[0][: 2 * b], self._prefill[1][: 2 * b]
+
+    def step_rows(self, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._slots[:b], self._positions[k, :b]
+
+    def layers(self, h: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers_w):
+            h = self.run.layer(h, layer, self.cache.k[i], self.cache.v[i], slots, positions)
+        return h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(h, (h.shape[-1],), self.norm.weight, self.norm.variance_epsilon)
 
 
 def residual_code(

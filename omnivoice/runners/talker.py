@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnivoice.config import StageConfig
+from omnivoice.config import TalkerStage
 from omnivoice.engine.chunks import CodecChunk, StageFinished, ThinkerChunk
 from omnivoice.engine.types import GenerationRequest, StageStats
 from omnivoice.runners.code_predictor import CodePredictor
@@ -73,7 +73,7 @@ class TalkerRunner:
     name = "talker"
 
     def __init__(
-        self, talker: Any, tts_embeds: torch.Tensor, spec: ModelSpec, cfg: StageConfig, device: torch.device
+        self, talker: Any, tts_embeds: torch.Tensor, spec: ModelSpec, cfg: TalkerStage, device: torch.device
     ) -> None:
         self.model = talker
         self.spec = spec
@@ -86,7 +86,14 @@ class TalkerRunner:
         self.codec_embed = talker.get_input_embeddings()
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
         graphs = cfg.execution == "cuda_graph"
-        self.predictor = CodePredictor(talker.code_predictor, cfg.max_batch, device, graphs, cfg.compile)
+        self.predictor = CodePredictor(
+            talker.code_predictor,
+            cfg.max_batch,
+            device,
+            graphs,
+            cfg.compile,
+            cfg.predictor_kernels,
+        )
         self.decode_step = DecodeStep(self.stack, self.cache, cfg.max_batch, device, graphs, "talker")
         # [3, Ht]: text_projection of the thinker's tts_bos / tts_eos / tts_pad embeddings
         self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(tts_embeds.to(device, self.dtype))

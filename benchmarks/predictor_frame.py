@@ -1,0 +1,82 @@
+"""One code-predictor frame at the full Qwen3-Omni size: torch layers (compiled) vs Triton layer kernels.
+
+    python benchmarks/predictor_frame.py --batch 1 8 32 --out /tmp/predictor-frame.json
+
+Builds only the code predictor (random bf16 weights, the dummy architecture's config) on cuda:0, then
+for each batch captures one frame as a CUDA graph with each kind of layers and times the bare graph
+replays (CUDA events). Also checks the kernels against the torch layers (relative error per layer,
+greedy codes equal). Prints a table and writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from omnivoice.runners.code_predictor import CodePredictor
+from tests.engine.predictor_kernels_check import build, compare, inputs
+
+
+def replay_ms(predictor: CodePredictor, batch: int, hidden: int, replays: int) -> float:
+    with torch.inference_mode():
+        predictor.predict(**inputs(batch, hidden, "cuda"))  # capture
+    graph = predictor.run.captured[batch].graph
+    for _ in range(5):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--replays", type=int, default=50, help="graph replays timed per batch and kind")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the figures")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA device")
+    began = time.perf_counter()
+    module = build(small=False, device="cuda")
+    hidden = module.config.hidden_size
+    device = torch.device("cuda")
+    top = max(args.batch)
+    kinds = {
+        "torch_compiled": CodePredictor(module, top, device, graphs=True, compile=True, kernels=False),
+        "triton_kernels": CodePredictor(module, top, device, graphs=True, kernels=True),
+    }
+    figures: dict[str, object] = {"machine": torch.cuda.get_device_name(), "replays": args.replays}
+    print(f"{'batch':>6} {'torch compiled ms':>18} {'triton kernels ms':>18} {'speed-up':>9}", flush=True)
+    for batch in args.batch:
+        row = {name: replay_ms(p, batch, hidden, args.replays) for name, p in kinds.items()}
+        figures[f"batch {batch}"] = row
+        speed_up = row["torch_compiled"] / row["triton_kernels"]
+        print(
+            f"{batch:>6} {row['torch_compiled']:>18.3f} {row['triton_kernels']:>18.3f} {speed_up:>8.2f}x",
+            flush=True,
+        )
+    figures["accuracy_batch_32"] = compare(small=False, device="cuda", batch=32)
+    print("accuracy:", figures["accuracy_batch_32"])
+    figures["took_s"] = round(time.perf_counter() - began, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=1))
+    print(f"wrote {args.out} ({figures['took_s']} s)")
+
+
+if __name__ == "__main__":
+    main()

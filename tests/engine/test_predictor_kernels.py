@@ -1,0 +1,78 @@
+"""The code predictor's Triton layer kernels give the torch layers' outputs and codes.
+
+On the CPU they run under Triton's interpreter (a subprocess: the interpreter is chosen when Triton
+compiles the kernels, at import); on CUDA at the full Qwen3-Omni size, eagerly and from CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check(result: dict[str, object], layer_tolerance: float) -> None:
+    errors = result["layer_rel_errors"]
+    assert isinstance(errors, list) and errors
+    assert max(errors) < layer_tolerance, errors  # bfloat16 rounding, not a wrong formula
+    assert result["codes_equal"] == 1.0, result  # every greedy code of every row and codebook
+    assert result["embeds_rel_error"] == 0.0, result
+
+
+def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.engine.predictor_kernels_check", "--batch", "3"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _check(ast.literal_eval(done.stdout.strip().splitlines()[-1]), 0.015)
+
+
+def test_unsupported_layers_are_refused_when_kernels_are_required() -> None:
+    from omnivoice.runners.code_predictor import CodePredictor
+    from tests.engine.predictor_kernels_check import build
+
+    module = build(small=True, device="cpu").float()  # float32: the kernels take bf16 and fp16 only
+    with pytest.raises(ValueError, match="float32"):
+        CodePredictor(module, 2, torch.device("cpu"), kernels=True)
+    assert CodePredictor(module, 2, torch.device("cpu"), kernels=None).kernels is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kernels_match_the_torch_layers_at_full_size_on_cuda() -> None:
+    from tests.engine.predictor_kernels_check import compare
+
+    _check(compare(small=False, device="cuda", batch=32), 0.02)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kernel_frames_replay_from_cuda_graphs_as_they_run_eagerly() -> None:
+    from omnivoice.runners.code_predictor import CodePredictor
+    from tests.engine.predictor_kernels_check import build, inputs
+
+    module = build(small=False, device="cuda")
+    device = torch.device("cuda")
+    eager = CodePredictor(module, 8, device, graphs=False, kernels=True)
+    graphed = CodePredictor(module, 8, device, graphs=True, kernels=True)
+    for batch in (1, 8):
+        x = inputs(batch, module.config.hidden_size, "cuda", seed=batch)
+        x["greedy"][::2] = False  # sampled rows too
+        with torch.inference_mode():
+            want = eager.predict(**x)
+            for _ in range(2):  # the capture, then a replay
+                got = graphed.predict(**x)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
