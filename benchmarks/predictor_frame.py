@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnivoice.runners.code_predictor import CodePredictor
+from omnivoice.runners.predictor_kernels import Tiles
 from tests.engine.predictor_kernels_check import build, compare, inputs
 
 
@@ -45,6 +46,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--tiles",
+        nargs="+",
+        default=["16x128x4x4"],
+        help="GEMM tilings of the kernels to time, each BLOCK_N x BLOCK_K x stages x warps",
+    )
     parser.add_argument("--replays", type=int, default=50, help="graph replays timed per batch and kind")
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the figures")
     args = parser.parse_args()
@@ -56,20 +63,17 @@ def main() -> None:
     hidden = module.config.hidden_size
     device = torch.device("cuda")
     top = max(args.batch)
-    kinds = {
-        "torch_compiled": CodePredictor(module, top, device, graphs=True, compile=True, kernels=False),
-        "triton_kernels": CodePredictor(module, top, device, graphs=True, kernels=True),
-    }
+    kinds = {"torch_compiled": CodePredictor(module, top, device, graphs=True, compile=True, kernels=False)}
+    for spec in args.tiles:
+        n, k, stages, warps = (int(v) for v in spec.split("x"))
+        kinds[f"triton_{spec}"] = predictor = CodePredictor(module, top, device, graphs=True, kernels=True)
+        predictor.kernels.run.tiles = Tiles(n, k, stages, warps)
     figures: dict[str, object] = {"machine": torch.cuda.get_device_name(), "replays": args.replays}
-    print(f"{'batch':>6} {'torch compiled ms':>18} {'triton kernels ms':>18} {'speed-up':>9}", flush=True)
+    print("frame ms (graph replay):", "  ".join(kinds), flush=True)
     for batch in args.batch:
         row = {name: replay_ms(p, batch, hidden, args.replays) for name, p in kinds.items()}
         figures[f"batch {batch}"] = row
-        speed_up = row["torch_compiled"] / row["triton_kernels"]
-        print(
-            f"{batch:>6} {row['torch_compiled']:>18.3f} {row['triton_kernels']:>18.3f} {speed_up:>8.2f}x",
-            flush=True,
-        )
+        print(f"batch {batch:>3}:", "  ".join(f"{name} {ms:.3f}" for name, ms in row.items()), flush=True)
     figures["accuracy_batch_32"] = compare(small=False, device="cuda", batch=32)
     print("accuracy:", figures["accuracy_batch_32"])
     figures["took_s"] = round(time.perf_counter() - began, 1)

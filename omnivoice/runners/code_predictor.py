@@ -141,7 +141,9 @@ class _KernelFrame:
     frame's positions and every row index tensor a frame uses (made once: graph capture allows no
     host-to-device copies)."""
 
-    def __init__(self, stack: DecoderStack, cache: Any, max_batch: int, groups: int, kernels: Any) -> None:
+    def __init__(
+        self, stack: DecoderStack, cache: Any, max_batch: int, groups: int, kernels: Any, tiles: Any = None
+    ) -> None:
         self.cache = cache
         head_dim = stack.head_dim
         self.layers_w = [kernels.KernelLayer(w, w.mlp, head_dim) for w in stack._fused]
@@ -150,7 +152,7 @@ class _KernelFrame:
         positions = torch.arange(cache.k.shape[3], device=device)[None]
         probe = torch.zeros(1, dtype=cache.k.dtype, device=device)
         cos, sin = stack.rotary(probe, positions)
-        self.run = kernels.LayerKernels(cos[0], sin[0])
+        self.run = kernels.LayerKernels(cos[0], sin[0], tiles)
         rows = torch.arange(2 * max_batch, dtype=torch.int32, device=device)
         self._prefill = (rows // 2, rows % 2)  # row 2b + t: slot b, position t
         self._slots = rows[:max_batch]
@@ -161,15 +163,17 @@ class _KernelFrame:
             .contiguous()
         )  # [G-2, max_batch]: step k's rows are all at position 2 + k
 
-    def prefill_rows(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._prefill[0][: 2 * b], self._prefill[1][: 2 * b]
+    def prefill_rows(self, b: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self._prefill[0][: 2 * b], self._prefill[1][: 2 * b], 2
 
-    def step_rows(self, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._slots[:b], self._positions[k, :b]
+    def step_rows(self, b: int, k: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self._slots[:b], self._positions[k, :b], 1
 
-    def layers(self, h: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def layers(
+        self, h: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, per_slot: int
+    ) -> torch.Tensor:
         for i, layer in enumerate(self.layers_w):
-            h = self.run.layer(h, layer, self.cache.k[i], self.cache.v[i], slots, positions)
+            h = self.run.layer(h, layer, self.cache.k[i], self.cache.v[i], slots, positions, per_slot)
         return h
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,12 @@ of memory time), but as torch ops, even compiled and replayed from a CUDA graph,
 norms, rope, KV writes and residuals each their own launch between the GEMMs. Here a layer is five
 kernels, each a GEMM with the glue of its neighbours fused into its prologue or epilogue:
 
-1. `_qkv_kernel`: input RMSNorm, q/k/v projection, per-head q/k RMSNorm and rope; q to a buffer,
-   k and v straight into the KV cache at each row's (slot, position);
-2. `_attention_kernel`: one row and KV head per program, causal to the row's position;
-3. `_linear_residual_kernel`: output projection plus the residual;
-4. `_gate_up_kernel`: post-attention RMSNorm, gate and up projections, SiLU(gate) * up;
-5. `_linear_residual_kernel`: down projection plus the residual.
+1. `_gemm_kernel`: input RMSNorm and the q/k/v projection;
+2. `_attention_kernel`: per request and KV head, per-head q/k RMSNorm and rope, k and v into the KV
+   cache at each row's (slot, position), attention causal to the row's position;
+3. `_gemm_kernel`: output projection plus the residual;
+4. `_gemm_kernel`: post-attention RMSNorm, gate and up projections, SiLU(gate) * up;
+5. `_gemm_kernel`: down projection plus the residual.
 
 Rows are flat: row m is one token of one request, at KV slot `slots[m]` and position `positions[m]`,
 so the frame's two-position prefill and its one-token steps are the same kernels. The math is
@@ -45,167 +45,117 @@ def _dot(a, b, acc, F32: tl.constexpr):
 
 
 @triton.jit
-def _rstd(x_ptr, rows, row_ok, K: tl.constexpr, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / RMS of rows `rows` of x [M, K] (float32 statistics)."""
+def _gemm_kernel(
+    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, M, eps,
+    N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+):  # fmt: skip
+    """out [M, N] = x @ W^T with, by the flags: x RMSNorm'd first (NORM: the row statistics gathered in
+    the same pass over K and applied to the product, which they scale row by row); SiLU(x @ Wg^T) *
+    (x @ Wu^T) (GATED: W = [Wg; Wu] is [2N, K]); plus res [M, N] (RESIDUAL). Products are rounded to
+    the dtype before the activation and the residual, as torch rounds its GEMM outputs."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    n_ok = n < N
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
-        ok = row_ok[:, None] & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    return tl.rsqrt(ss / K + eps)
+        k_ok = cols < K
+        x = tl.load(
+            x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
+        )
+        if NORM:
+            xf = x.to(tl.float32)
+            ss += tl.sum(xf * xf, axis=1)
+            x = (xf * tl.load(norm_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
+        w_ok = k_ok[:, None] & n_ok[None, :]
+        acc = _dot(x, tl.load(w_ptr + n[None, :] * K + cols[:, None], mask=w_ok, other=0.0), acc, F32)
+        if GATED:
+            wu = tl.load(w_ptr + (N + n[None, :]) * K + cols[:, None], mask=w_ok, other=0.0)
+            up = _dot(x, wu, up, F32)
+    if NORM:
+        r = tl.rsqrt(ss / K + eps)[:, None]
+        acc = acc * r
+        up = up * r
+    y = acc.to(dt).to(tl.float32)
+    if GATED:
+        y = (y / (1.0 + tl.exp(-y))).to(dt).to(tl.float32) * up.to(dt).to(tl.float32)
+    ok = row_ok[:, None] & n_ok[None, :]
+    at = rows[:, None] * N + n[None, :]
+    if RESIDUAL:
+        y = y + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + at, y.to(dt), mask=ok)
 
 
 @triton.jit
-def _normed(x_ptr, w_ptr, rows, row_ok, cols, K: tl.constexpr, rstd):
-    """Columns `cols` of RMSNorm(x) as transformers' Qwen3 RMSNorm rounds it: (x * rstd) in the
-    model's dtype, times the weight in the model's dtype."""
-    dt = x_ptr.dtype.element_ty
-    ok = row_ok[:, None] & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-    xn = (x * rstd[:, None]).to(dt).to(tl.float32)
-    return (xn * w[None, :]).to(dt)
-
-
-@triton.jit
-def _weight_tile(w_ptr, out_rows, cols, K: tl.constexpr):
-    """W[out_rows, cols] of a row-major [N, K] weight, as a [len(cols), len(out_rows)] tile (W^T)."""
-    return tl.load(w_ptr + out_rows[None, :] * K + cols[:, None], mask=cols[:, None] < K, other=0.0)
-
-
-@triton.jit
-def _qkv_kernel(
-    h_ptr, in_norm_ptr, w_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, slot_ptr, pos_ptr,
-    q_ptr, k_cache_ptr, v_cache_ptr,
-    M, eps, qk_eps, cache_slot, cache_head, cache_pos,
-    H: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
-):  # fmt: skip
-    head = tl.program_id(0)  # 0..HQ-1: q heads, then HKV k heads, then HKV v heads
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    dt = h_ptr.dtype.element_ty
+def _norm_rope(lo, hi, norm_ptr, cos_ptr, sin_ptr, pos, eps, dt, D: tl.constexpr):
+    """Per-head RMSNorm then rope at position `pos` of heads split in halves lo, hi [..., D/2] (fp32)."""
     HALF: tl.constexpr = D // 2
-    lo = tl.arange(0, HALF)
-    rstd = _rstd(h_ptr, rows, row_ok, H, eps, BLOCK_M, BLOCK_K)
-    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)  # the head's first and second halves: rope
-    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)  # pairs them
-    for k0 in range(0, H, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = _normed(h_ptr, in_norm_ptr, rows, row_ok, cols, H, rstd)
-        acc_lo = _dot(x, _weight_tile(w_ptr, head * D + lo, cols, H), acc_lo, F32)
-        acc_hi = _dot(x, _weight_tile(w_ptr, head * D + HALF + lo, cols, H), acc_hi, F32)
-    y_lo = acc_lo.to(dt).to(tl.float32)
-    y_hi = acc_hi.to(dt).to(tl.float32)
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
-    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
-    if head < HQ + HKV:  # q or k: per-head RMSNorm, then rope at the row's position
-        is_q = head < HQ
-        n_lo = tl.where(is_q, tl.load(q_norm_ptr + lo), tl.load(k_norm_ptr + lo)).to(tl.float32)
-        n_hi = tl.where(is_q, tl.load(q_norm_ptr + HALF + lo), tl.load(k_norm_ptr + HALF + lo)).to(tl.float32)
-        r = tl.rsqrt((tl.sum(y_lo * y_lo, axis=1) + tl.sum(y_hi * y_hi, axis=1)) / D + qk_eps)
-        y_lo = ((y_lo * r[:, None]).to(dt).to(tl.float32) * n_lo[None, :]).to(dt).to(tl.float32)
-        y_hi = ((y_hi * r[:, None]).to(dt).to(tl.float32) * n_hi[None, :]).to(dt).to(tl.float32)
-        at = pos[:, None] * D + lo[None, :]
-        c_lo = tl.load(cos_ptr + at).to(tl.float32)
-        c_hi = tl.load(cos_ptr + at + HALF).to(tl.float32)
-        s_lo = tl.load(sin_ptr + at).to(tl.float32)
-        s_hi = tl.load(sin_ptr + at + HALF).to(tl.float32)
-        out_lo = y_lo * c_lo - y_hi * s_lo  # x * cos + rotate_half(x) * sin
-        out_hi = y_hi * c_hi + y_lo * s_hi
-    else:
-        out_lo = y_lo
-        out_hi = y_hi
-    ok = row_ok[:, None]
-    if head < HQ:
-        dst = q_ptr + rows[:, None] * (HQ * D) + head * D + lo[None, :]
-    elif head < HQ + HKV:
-        dst = k_cache_ptr + slot[:, None] * cache_slot + (head - HQ) * cache_head + pos[:, None] * cache_pos
-        dst += lo[None, :]
-    else:
-        dst = v_cache_ptr + slot[:, None] * cache_slot + (head - HQ - HKV) * cache_head
-        dst += pos[:, None] * cache_pos + lo[None, :]
-    tl.store(dst, out_lo.to(dt), mask=ok)
-    tl.store(dst + HALF, out_hi.to(dt), mask=ok)
+    i = tl.arange(0, HALF)
+    r = tl.rsqrt((tl.sum(lo * lo, axis=-1) + tl.sum(hi * hi, axis=-1)) / D + eps)
+    r = tl.expand_dims(r, -1)
+    lo = ((lo * r).to(dt).to(tl.float32) * tl.load(norm_ptr + i).to(tl.float32)).to(dt).to(tl.float32)
+    hi = ((hi * r).to(dt).to(tl.float32) * tl.load(norm_ptr + HALF + i).to(tl.float32)).to(dt).to(tl.float32)
+    c_lo = tl.load(cos_ptr + pos * D + i).to(tl.float32)
+    c_hi = tl.load(cos_ptr + pos * D + HALF + i).to(tl.float32)
+    s_lo = tl.load(sin_ptr + pos * D + i).to(tl.float32)
+    s_hi = tl.load(sin_ptr + pos * D + HALF + i).to(tl.float32)
+    return lo * c_lo - hi * s_lo, hi * c_hi + lo * s_hi  # x * cos + rotate_half(x) * sin
 
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, pos_ptr, out_ptr, scaling, cache_slot, cache_head, cache_pos,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_KV: tl.constexpr,
+    qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, slot_ptr, pos_ptr, k_cache_ptr, v_cache_ptr,
+    out_ptr, qk_eps, scaling, cache_slot, cache_head, cache_pos,
+    T: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_KV: tl.constexpr,
 ):  # fmt: skip
-    m = tl.program_id(0)
+    """One request's T rows (in position order) and one KV head per program: the rows' k (normed,
+    rotated) and v into the cache, then each row's GROUP q heads (normed, rotated) attend causally."""
+    b = tl.program_id(0)
     kv_head = tl.program_id(1)
-    dt = q_ptr.dtype.element_ty
+    dt = qkv_ptr.dtype.element_ty
     GROUP: tl.constexpr = HQ // HKV  # q heads sharing this kv head
-    slot = tl.load(slot_ptr + m)
-    pos = tl.load(pos_ptr + m)
-    heads = kv_head * GROUP + tl.arange(0, GROUP)
+    HALF: tl.constexpr = D // 2
+    WIDTH: tl.constexpr = (HQ + 2 * HKV) * D
+    i = tl.arange(0, HALF)
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + m * (HQ * D) + heads[:, None] * D + d[None, :]).to(tl.float32)  # [G, D]
+    heads = kv_head * GROUP + tl.arange(0, GROUP)
     j = tl.arange(0, BLOCK_KV)
-    seen = j <= pos  # causal: keys up to the row's own position
-    at = slot * cache_slot + kv_head * cache_head + j[:, None] * cache_pos + d[None, :]
-    k = tl.load(k_cache_ptr + at, mask=seen[:, None], other=0.0).to(tl.float32)  # [KV, D]
-    scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2).to(dt).to(tl.float32) * scaling  # [G, KV]
-    scores = tl.where(seen[None, :], scores, float("-inf"))
-    p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
-    p = (p / tl.sum(p, axis=1)[:, None]).to(dt).to(tl.float32)
-    v = tl.load(v_cache_ptr + at, mask=seen[:, None], other=0.0).to(tl.float32)
-    out = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
-    tl.store(out_ptr + m * (HQ * D) + heads[:, None] * D + d[None, :], out.to(dt))
-
-
-@triton.jit
-def _linear_residual_kernel(
-    x_ptr, w_ptr, res_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
-):  # fmt: skip
-    """out = res + x @ W^T (the product rounded to the dtype first, as torch's h + F.linear(x, W))."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        ok = row_ok[:, None] & (cols[None, :] < K)
-        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=ok, other=0.0)
-        w_ok = (cols[:, None] < K) & (n[None, :] < N)
-        w = tl.load(w_ptr + n[None, :] * K + cols[:, None], mask=w_ok, other=0.0)
-        acc = _dot(x, w, acc, F32)
-    ok = row_ok[:, None] & (n[None, :] < N)
-    at = rows[:, None] * N + n[None, :]
-    res = tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + at, (res + acc.to(dt).to(tl.float32)).to(dt), mask=ok)
-
-
-@triton.jit
-def _gate_up_kernel(
-    h_ptr, norm_ptr, w_ptr, out_ptr, M, eps, H: tl.constexpr, INTER: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
-):  # fmt: skip
-    """out = SiLU(x @ Wg^T) * (x @ Wu^T), x = RMSNorm(h); W = [Wg; Wu] is [2 INTER, H]."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    dt = h_ptr.dtype.element_ty
-    rstd = _rstd(h_ptr, rows, row_ok, H, eps, BLOCK_M, BLOCK_K)
-    gate = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    n_ok = n[None, :] < INTER
-    for k0 in range(0, H, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        x = _normed(h_ptr, norm_ptr, rows, row_ok, cols, H, rstd)
-        ok = (cols[:, None] < H) & n_ok
-        wg = tl.load(w_ptr + n[None, :] * H + cols[:, None], mask=ok, other=0.0)
-        wu = tl.load(w_ptr + (INTER + n[None, :]) * H + cols[:, None], mask=ok, other=0.0)
-        gate = _dot(x, wg, gate, F32)
-        up = _dot(x, wu, up, F32)
-    g = gate.to(dt).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * up.to(dt).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * INTER + n[None, :], act.to(dt), mask=row_ok[:, None] & n_ok)
+    for t in tl.static_range(T):
+        m = b * T + t
+        slot = tl.load(slot_ptr + m)
+        pos = tl.load(pos_ptr + m)
+        row = qkv_ptr + m * WIDTH
+        k_lo = tl.load(row + (HQ + kv_head) * D + i).to(tl.float32)
+        k_hi = tl.load(row + (HQ + kv_head) * D + HALF + i).to(tl.float32)
+        k_lo, k_hi = _norm_rope(k_lo, k_hi, k_norm_ptr, cos_ptr, sin_ptr, pos, qk_eps, dt, D)
+        cache = slot * cache_slot + kv_head * cache_head
+        tl.store(k_cache_ptr + cache + pos * cache_pos + i, k_lo.to(dt))
+        tl.store(k_cache_ptr + cache + pos * cache_pos + HALF + i, k_hi.to(dt))
+        tl.store(v_cache_ptr + cache + pos * cache_pos + d, tl.load(row + (HQ + HKV + kv_head) * D + d))
+        q_lo = tl.load(row + heads[:, None] * D + i[None, :]).to(tl.float32)  # [G, D/2]
+        q_hi = tl.load(row + heads[:, None] * D + HALF + i[None, :]).to(tl.float32)
+        q_lo, q_hi = _norm_rope(q_lo, q_hi, q_norm_ptr, cos_ptr, sin_ptr, pos, qk_eps, dt, D)
+        q_lo = q_lo.to(dt).to(tl.float32)
+        q_hi = q_hi.to(dt).to(tl.float32)
+        tl.debug_barrier()  # this program's cache writes, read back below
+        seen = j <= pos  # causal: keys up to the row's own position
+        at = cache + j[:, None] * cache_pos
+        keys_lo = tl.load(k_cache_ptr + at + i[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
+        keys_hi = tl.load(k_cache_ptr + at + HALF + i[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q_lo[:, None, :] * keys_lo[None, :, :], axis=2)
+        scores += tl.sum(q_hi[:, None, :] * keys_hi[None, :, :], axis=2)  # [G, KV]
+        scores = scores.to(dt).to(tl.float32) * scaling
+        scores = tl.where(seen[None, :], scores, float("-inf"))
+        p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
+        p = (p / tl.sum(p, axis=1)[:, None]).to(dt).to(tl.float32)
+        v = tl.load(v_cache_ptr + at + d[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
+        out = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
+        tl.store(out_ptr + m * (HQ * D) + heads[:, None] * D + d[None, :], out.to(dt))
 
 
 def _block_m(m: int) -> int:
@@ -236,13 +186,26 @@ class KernelLayer:
         return None
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """The GEMM kernels' tiling: output columns per program (>= 16), the K step, pipeline depth, warps.
+    Small column tiles: at a few dozen rows a GEMM is a weight read, fast only when spread over every
+    multiprocessor."""
+
+    block_n: int = 16
+    block_k: int = 128
+    stages: int = 4
+    warps: int = 4
+
+
 class LayerKernels:
     """Runs dense decoder layers over flat rows with the five kernels (see the module docstring)."""
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor, tiles: Tiles | None = None) -> None:
         """cos, sin: [positions, head_dim], the rope of every position a row may be at."""
         self.cos = cos.contiguous()
         self.sin = sin.contiguous()
+        self.tiles = tiles or Tiles()
         self.f32 = _INTERPRET
 
     def layer(
@@ -253,44 +216,43 @@ class LayerKernels:
         v_cache: torch.Tensor,
         slots: torch.Tensor,
         positions: torch.Tensor,
+        rows_per_slot: int,
     ) -> torch.Tensor:
-        """h [M, H] (contiguous), row m at KV slot slots[m] and position positions[m] (int32 [M]) of
-        this layer's k/v cache [slots, Hkv, max_len, D] (written in place) -> the layer's output [M, H]."""
+        """h [M, H] (contiguous): `rows_per_slot` consecutive rows per request, in position order; row m
+        at KV slot slots[m] and position positions[m] (int32 [M]) of this layer's k/v cache
+        [slots, Hkv, max_len, D] (written in place) -> the layer's output [M, H]."""
         w, mlp, d = layer.w, layer.mlp, layer.head_dim
-        m, hidden = h.shape
+        m = h.shape[0]
         hq, hkv = w.q_heads, w.kv_heads
-        bm = _block_m(m)
-        rows = triton.cdiv(m, bm)
-        strides = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
-        q = h.new_empty(m, hq * d)
-        _qkv_kernel[(hq + 2 * hkv, rows)](
-            h, w.in_norm, w.qkv, w.q_norm, w.k_norm, self.cos, self.sin, slots, positions,
-            q, k_cache, v_cache, m, w.eps, w.qk_eps, *strides,
-            H=hidden, HQ=hq, HKV=hkv, D=d, BLOCK_M=bm, BLOCK_K=64, F32=self.f32, num_warps=4, num_stages=3,
+        qkv = self._gemm(h, w.qkv, norm=(w.in_norm, w.eps))
+        attn = h.new_empty(m, hq * d)
+        _attention_kernel[(m // rows_per_slot, hkv)](
+            qkv, w.q_norm, w.k_norm, self.cos, self.sin, slots, positions, k_cache, v_cache, attn,
+            w.qk_eps, w.scaling, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            T=rows_per_slot, HQ=hq, HKV=hkv, D=d, BLOCK_KV=triton.next_power_of_2(k_cache.shape[2]),
+            num_warps=4,
         )  # fmt: skip
-        attn = torch.empty_like(q)
-        block_kv = triton.next_power_of_2(k_cache.shape[2])
-        _attention_kernel[(m, hkv)](
-            q, k_cache, v_cache, slots, positions, attn, w.scaling, *strides,
-            HQ=hq, HKV=hkv, D=d, BLOCK_KV=block_kv, num_warps=4,
-        )  # fmt: skip
-        h2 = self._linear_residual(attn, w.o, h, bm)
-        inter = mlp.down.shape[1]
-        act = h.new_empty(m, inter)
-        _gate_up_kernel[(triton.cdiv(inter, 32), rows)](
-            h2, w.post_norm, mlp.gate_up, act, m, w.eps, H=hidden, INTER=inter,
-            BLOCK_M=bm, BLOCK_N=32, BLOCK_K=64, F32=self.f32, num_warps=4, num_stages=3,
-        )  # fmt: skip
-        return self._linear_residual(act, mlp.down, h2, bm)
+        h2 = self._gemm(attn, w.o, residual=h)
+        act = self._gemm(h2, mlp.gate_up, norm=(w.post_norm, w.eps), gated=True)
+        return self._gemm(act, mlp.down, residual=h2)
 
-    def _linear_residual(
-        self, x: torch.Tensor, weight: torch.Tensor, res: torch.Tensor, bm: int
+    def _gemm(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        norm: tuple[torch.Tensor, float] | None = None,
+        gated: bool = False,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         m, k = x.shape
-        n = weight.shape[0]
-        out = torch.empty_like(res)
-        _linear_residual_kernel[(triton.cdiv(n, 16), triton.cdiv(m, bm))](
-            x, weight, res, out, m, N=n, K=k,
-            BLOCK_M=bm, BLOCK_N=16, BLOCK_K=128, F32=self.f32, num_warps=4, num_stages=4,
+        n = weight.shape[0] // 2 if gated else weight.shape[0]
+        out = x.new_empty(m, n)
+        bm, t = _block_m(m), self.tiles
+        norm_w, eps = norm if norm is not None else (x, 0.0)
+        _gemm_kernel[(triton.cdiv(n, t.block_n), triton.cdiv(m, bm))](
+            x, norm_w, weight, residual if residual is not None else x, out, m, eps,
+            N=n, K=k, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None,
+            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k, F32=self.f32,
+            num_warps=t.warps, num_stages=t.stages,
         )  # fmt: skip
         return out
