@@ -52,6 +52,9 @@ def main() -> None:
         default=["16x128x4x4"],
         help="GEMM tilings of the kernels to time, each BLOCK_N x BLOCK_K x stages x warps",
     )
+    parser.add_argument(
+        "--profile-out", type=Path, help="folder for each kind's kernel table at the top batch"
+    )
     parser.add_argument("--replays", type=int, default=50, help="graph replays timed per batch and kind")
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the figures")
     args = parser.parse_args()
@@ -74,6 +77,18 @@ def main() -> None:
         row = {name: replay_ms(p, batch, hidden, args.replays) for name, p in kinds.items()}
         figures[f"batch {batch}"] = row
         print(f"batch {batch:>3}:", "  ".join(f"{name} {ms:.3f}" for name, ms in row.items()), flush=True)
+    if args.profile_out is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        for name, predictor in kinds.items():
+            graph = predictor.run.captured[top].graph
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    graph.replay()
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+            args.profile_out.mkdir(parents=True, exist_ok=True)
+            (args.profile_out / f"{name}-b{top}.txt").write_text(table)
     figures["accuracy_batch_32"] = compare(small=False, device="cuda", batch=32)
     print("accuracy:", figures["accuracy_batch_32"])
     figures["took_s"] = round(time.perf_counter() - began, 1)

@@ -17,9 +17,11 @@ python3 benchmarks/prefill_parts.py --rows 1 32 --tokens 140 --out $OUT/r/prefil
 tail -3 $OUT/r/parts.log
 fi
 if [ -n "${KERN:-}" ]; then  # ~1-2 minutes
+if [ -z "${KERN_NO_TESTS:-}" ]; then
 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/engine/test_predictor_kernels.py > $OUT/r/kern-tests.log 2>&1
 tail -3 $OUT/r/kern-tests.log
-python3 benchmarks/predictor_frame.py --batch 1 8 32 --tiles ${TILES:-16x128x4x4} --out $OUT/r/predictor-frame.json > $OUT/r/kern.log 2>&1
+fi
+python3 benchmarks/predictor_frame.py --batch 1 8 32 --tiles ${TILES:-32x128x4x4} --profile-out $OUT/r/kern-prof --out $OUT/r/predictor-frame.json > $OUT/r/kern.log 2>&1
 grep -v "^20" $OUT/r/kern.log | tail -8
 fi
 if [ -n "${TINY:-}" ]; then

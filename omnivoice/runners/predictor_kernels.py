@@ -192,7 +192,7 @@ class Tiles:
     Small column tiles: at a few dozen rows a GEMM is a weight read, fast only when spread over every
     multiprocessor."""
 
-    block_n: int = 16
+    block_n: int = 32  # the best of 16/32/64 x 64/128/256 on the H200 (BENCHMARKS.md, issue 8 step 6)
     block_k: int = 128
     stages: int = 4
     warps: int = 4
