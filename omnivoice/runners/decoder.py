@@ -7,6 +7,8 @@ requests of different lengths decode together in one batch.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -14,9 +16,13 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
-from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, decode_layer, layer_weights
+from omnivoice.runners import fused_layers
+from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, MoeWeights, decode_layer, layer_weights
+from omnivoice.runners.graphs import kv_buckets
 from omnivoice.runners.kv_cache import SlotKVCache, write_read
 from omnivoice.runners.transfer import to_device
+
+log = logging.getLogger(__name__)
 
 
 class DecoderStack:
@@ -120,6 +126,57 @@ class DecoderStack:
         for slot, start, n in zip(slots, starts, lengths, strict=True):
             cache.lengths[slot] = start + n
         return self.norm(h), kept
+
+    def prefill(
+        self,
+        h: torch.Tensor,
+        cache: SlotKVCache,
+        slots: list[int],
+        starts: list[int],
+        keep: Iterable[int] = (),
+        lengths: list[int] | None = None,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """`forward` of prompts; on a fused stack (GPU) through the fused, compiled layers of a decode
+        step (`forward_indexed`): a prompt's forward through transformers' modules is bound by
+        launching their kernels (~100 ms of a 128-token prompt on the H200), the compiled layers
+        launch a third as many. A row's right padding writes keys and values past its prompt, where
+        nothing attends before its decode steps overwrite them. Advances the slots."""
+        b, t, _ = h.shape
+        end = max(starts) + t
+        if not self._qkv or end > cache.max_len:
+            return self.forward(h, cache, slots, starts, keep, lengths)
+        device = h.device
+        slot_idx = to_device(slots, device)
+        start_idx = to_device(starts, device)
+        kv_len = next(n for n in kv_buckets(cache.max_len) if n >= end)  # few compiled shapes
+        out, kept = self.forward_indexed(h, cache, slot_idx, start_idx, kv_len, keep)
+        for slot, start, n in zip(slots, starts, lengths or [t] * b, strict=True):
+            cache.lengths[slot] = start + n
+        return out, kept
+
+    def warm_prefill(self, cache: SlotKVCache, dtype: torch.dtype) -> None:
+        """Compile the fused layers at prompt shapes before serving, or the first requests would wait
+        for it (seconds): one short prompt, and a burst past `fused_layers.SCAN_PAIRS` (the MoE's
+        sort-based grouping). Takes free slots for the while and gives them back."""
+        if not self._qkv or not isinstance(self._layer, CompiledFn):
+            return
+        began = time.perf_counter()
+        moes = [w.mlp for w in self._fused if w is not None and isinstance(w.mlp, MoeWeights)]
+        top_k = max((m.top_k for m in moes), default=1)
+        rows = min(2, cache.free_slots)
+        burst = -(-(fused_layers.SCAN_PAIRS // top_k + 1) // rows)  # tokens per row past the scan
+        hidden = self.layers[0].input_layernorm.weight.shape[0]
+        device = cache.k.device
+        for n, t in ((1, 16), (rows, burst)):
+            if t > cache.max_len or n < 1:
+                continue
+            slots = [cache.alloc() for _ in range(n)]
+            try:
+                self.prefill(torch.zeros(n, t, hidden, dtype=dtype, device=device), cache, slots, [0] * n)
+            finally:
+                for slot in slots:
+                    cache.release(slot)
+        log.info("prefill layers compiled in %.1f s", time.perf_counter() - began)
 
     def forward_indexed(
         self,

@@ -113,6 +113,8 @@ class TalkerRunner:
         self._last_batch = 0
         if graphs:
             self._capture_graphs()
+        with torch.inference_mode():
+            self.stack.warm_prefill(self.cache, self.dtype)
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
@@ -252,7 +254,7 @@ class TalkerRunner:
         starting = [seq for seq, _ in ready]
         slots = [s.slot for s in starting]
         self.sampler.reset(slots, params, [()] * len(slots))
-        h, _ = self.stack.forward(inputs, self.cache, slots, [0] * len(ready), lengths=lengths)
+        h, _ = self.stack.prefill(inputs, self.cache, slots, [0] * len(ready), lengths=lengths)
         last = h[torch.arange(len(ready), device=h.device), to_device(lengths, h.device) - 1]
         slot_idx = to_device(slots, self.device)
         (tokens,) = self._head_sample(last, slot_idx, self.sampler.draws(slots, len(slots)))

@@ -116,6 +116,8 @@ class ThinkerRunner:
         if cfg.execution == "cuda_graph":
             with torch.inference_mode():
                 self.decode_step.capture_all(text_model.config.hidden_size, thinker.dtype)
+        with torch.inference_mode():
+            self.stack.warm_prefill(self.cache, thinker.dtype)
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
@@ -210,7 +212,7 @@ class ThinkerRunner:
         embeds = torch.cat(
             [torch.nn.functional.pad(p.embeds, (0, 0, 0, longest - p.embeds.shape[1])) for p in batch]
         )  # [B, T, H], right-padded
-        h, kept = self.stack.forward(
+        h, kept = self.stack.prefill(
             embeds,
             self.cache,
             [p.slot for p in batch],

@@ -16,6 +16,7 @@ from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
 from omnivoice.bench.parity import compare, drive, graph_steps
 from omnivoice.config import ProfileError, parse_profile
 from omnivoice.models.dummy import NEWLINE_ID
+from omnivoice.runners import fused_layers
 from omnivoice.runners.factory import build_runners
 from omnivoice.runners.fused_layers import CompiledFn, decode_layer
 from omnivoice.runners.graphs import batch_buckets, bucket, kv_buckets
@@ -166,16 +167,81 @@ def test_a_batched_prefill_equals_each_row_alone(tiny_checkpoint: Path, starts: 
             torch.testing.assert_close(batched[b, :n], alone[b], rtol=1e-4, atol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("sort_above", [None, 0])
+def test_a_fused_prefill_gives_what_transformers_modules_give(
+    tiny_checkpoint: Path, sort_above: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU's prefill through the fused layers (`DecoderStack.prefill`), run eagerly on the CPU, of
+    right-padded prompts (one after a cached prefix) against the layers' transformers modules: the
+    outputs and kept hidden states at every real position, the keys and values written, the slots'
+    lengths. With sort_above=0 the MoE groups its pairs by a sort (a large prefill's way)."""
+    if sort_above is not None:
+        monkeypatch.setattr(fused_layers, "SCAN_PAIRS", sort_above)
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
+    gen = torch.Generator().manual_seed(3)
+    lengths, starts = [6, 4], [4, 0]
+    for name, (stack, cache) in _stacks(runners).items():
+        if name == "code predictor":
+            continue
+        hidden = stack.layers[0].input_layernorm.weight.shape[0]
+        h = torch.randn(2, 6, hidden, generator=gen)
+        keep = (0, 1, len(stack.layers))
+        with torch.inference_mode():
+            cache.k.normal_(generator=gen)  # the cached prefix of the row that starts later
+            cache.v.normal_(generator=gen)
+            prefix = (cache.k.clone(), cache.v.clone())
+            ref, ref_kept = stack.forward(h, cache, [0, 1], starts, keep, lengths)
+            ref_cache, ref_lengths = (cache.k.clone(), cache.v.clone()), list(cache.lengths)
+            cache.k.copy_(prefix[0])
+            cache.v.copy_(prefix[1])
+            cache.lengths[:] = [0] * len(cache.lengths)
+            stack.fuse()
+            out, kept = stack.prefill(h, cache, [0, 1], starts, keep, lengths)
+        assert cache.lengths == ref_lengths, name
+        for b, (n, start) in enumerate(zip(lengths, starts, strict=True)):
+            torch.testing.assert_close(out[b, :n], ref[b, :n], rtol=1e-4, atol=1e-4, msg=name)
+            for k in keep:
+                torch.testing.assert_close(kept[k][b, :n], ref_kept[k][b, :n], rtol=1e-4, atol=1e-4, msg=name)
+            for got, want in zip((cache.k, cache.v), ref_cache, strict=True):
+                real = slice(0, start + n)  # the prefix and the prompt; padding may write past them
+                torch.testing.assert_close(got[:, b, :, real], want[:, b, :, real], rtol=1e-4, atol=1e-4)
+
+
+def test_a_prefill_past_the_cache_length_is_refused_not_written_out_of_bounds(tiny_checkpoint: Path) -> None:
+    """Padded rows must fit the cache for the fused prefill (an index past it would be a device-side
+    fault on a GPU); a batch that does not goes the modules' way, which refuses it with a clear error."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
+    stack, cache = _stacks(runners)["thinker"]
+    stack.fuse()
+    hidden = stack.layers[0].input_layernorm.weight.shape[0]
+    h = torch.randn(2, 8, hidden)
+    starts = [cache.max_len - 8, 0]  # row 0 ends exactly at the cache's end: fits
+    with torch.inference_mode():
+        stack.prefill(h, cache, [0, 1], starts, lengths=[8, 8])
+        assert cache.lengths[:2] == [cache.max_len, 8]
+        with pytest.raises(RuntimeError, match="exceeds the KV cache length"):  # one position more
+            stack.prefill(h, cache, [0, 1], [cache.max_len - 7, 0], lengths=[7, 8])
+
+
 def _step(stack, cache, h: torch.Tensor) -> torch.Tensor:
     rows = h.shape[0]
     out, _ = stack.forward_indexed(h, cache, torch.arange(rows), torch.tensor([5, 0, 9][:rows]), 16)
     return out
 
 
-@pytest.mark.parametrize("name", ["thinker", "talker", "code predictor"])
-def test_compiled_decode_layers_match_the_plain_ones(tiny_checkpoint: Path, name: str) -> None:
+@pytest.mark.parametrize(
+    "name,sort_above", [("thinker", None), ("talker", None), ("code predictor", None), ("thinker", 0)]
+)
+def test_compiled_decode_layers_match_the_plain_ones(
+    tiny_checkpoint: Path, name: str, sort_above: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torch.compile of the fused layer (inductor's C++ backend on the CPU, in bf16 as on a GPU):
-    the whole layer compiles as one graph (no eager fallback) and computes what the plain one does."""
+    the whole layer compiles as one graph (no eager fallback) and computes what the plain one does,
+    also with the MoE's sort-based grouping of a prefill (sort_above=0)."""
+    if sort_above is not None:
+        monkeypatch.setattr(fused_layers, "SCAN_PAIRS", sort_above)
     profile = _profile(tiny_checkpoint, "cpu", "eager", "bfloat16")
     runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
     stack, cache = _stacks(runners)[name]
@@ -212,3 +278,25 @@ def test_a_layer_that_cannot_compile_runs_eagerly_with_a_warning(
         pytest.skip("this torch compiles float32 grouped GEMMs on the CPU: no compile failure to test")
     assert "decode layers: not compiled" in caplog.text
     torch.testing.assert_close(out, plain)
+
+
+def test_warm_prefill_compiles_both_moe_groupings_and_gives_the_slots_back(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compiled stack runs a short prompt and a burst past SCAN_PAIRS at start, so neither compiles
+    on a request; the slots it borrowed are free again and hold no length."""
+    monkeypatch.setattr(fused_layers, "SCAN_PAIRS", 8)  # a small burst is enough to take the sort
+    profile = _profile(tiny_checkpoint, "cpu", "eager", "bfloat16")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
+    stack, cache = _stacks(runners)["thinker"]
+    free = cache.free_slots
+    calls: list[int] = []
+    sorted_moe = fused_layers._moe_sorted
+    monkeypatch.setattr(fused_layers, "_moe_sorted", lambda *a: calls.append(1) or sorted_moe(*a))
+    with torch.inference_mode(), caplog.at_level(logging.INFO, logger="omnivoice.runners.decoder"):
+        stack.fuse(compile=True)
+        stack.warm_prefill(cache, torch.bfloat16)
+    assert stack._layer.compiled, "the prefill shapes fell back to eager"
+    assert calls, "the burst did not take the sort-based grouping"
+    assert cache.free_slots == free and not any(cache.lengths)
+    assert "prefill layers compiled" in caplog.text
