@@ -156,23 +156,26 @@ class DecoderStack:
 
     def warm_prefill(self, cache: SlotKVCache, dtype: torch.dtype) -> None:
         """Compile the fused layers at prompt shapes before serving, or the first requests would wait
-        for it (seconds): one short prompt, and a burst past `fused_layers.SCAN_PAIRS` (the MoE's
-        sort-based grouping). Takes free slots for the while and gives them back."""
+        for it (seconds each; a 32-prompt burst stalled 16 s on the H200 when its shape was first met
+        while serving). torch.compile specialises one-row batches, and the MoE's grouping switches
+        past `fused_layers.SCAN_PAIRS` pairs, so four kinds of prompt batch are run once each: one row
+        and two rows, each below and past the switch. Borrows free slots and gives them back."""
         if not self._qkv or not isinstance(self._layer, CompiledFn):
             return
         began = time.perf_counter()
         moes = [w.mlp for w in self._fused if w is not None and isinstance(w.mlp, MoeWeights)]
-        top_k = max((m.top_k for m in moes), default=1)
-        rows = min(2, cache.free_slots)
-        burst = -(-(fused_layers.SCAN_PAIRS // top_k + 1) // rows)  # tokens per row past the scan
+        past = fused_layers.SCAN_PAIRS // max(m.top_k for m in moes) + 1 if moes else 0  # tokens
+        shapes = [(1, 16), (2, 16), (1, past), (2, -(-past // 2))] if moes else [(1, 16), (2, 16)]
         hidden = self.layers[0].input_layernorm.weight.shape[0]
         device = cache.k.device
-        for n, t in ((1, 16), (rows, burst)):
-            if t > cache.max_len or n < 1:
-                continue
-            slots = [cache.alloc() for _ in range(n)]
+        for rows, t in shapes:
+            if t > cache.max_len or rows > cache.free_slots:
+                continue  # a batch no request can bring
+            slots = [cache.alloc() for _ in range(rows)]
             try:
-                self.prefill(torch.zeros(n, t, hidden, dtype=dtype, device=device), cache, slots, [0] * n)
+                self.prefill(
+                    torch.zeros(rows, t, hidden, dtype=dtype, device=device), cache, slots, [0] * rows
+                )
             finally:
                 for slot in slots:
                     cache.release(slot)
