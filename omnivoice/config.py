@@ -71,6 +71,14 @@ class StageConfig(_Strict):
         "its end token costs one dropped row). Default (null): on for CUDA devices, off on the CPU, where "
         "nothing runs ahead of the host",
     )
+    fused_prefill: bool = Field(
+        False,
+        description="thinker and talker on CUDA devices: prompts through the same fused, compiled layers as "
+        "decode steps instead of transformers' modules (fewer kernel launches: on the H200 a lone 128-token "
+        "prompt's first token came in 61 ms instead of 104). Experimental: each new kind of prompt batch "
+        "compiles (four kinds are compiled at start, ~100 s more), and bursts of 32 prompts have not been "
+        "measured since a compile while serving stalled one 16 s (BENCHMARKS.md, issue 8 step 6)",
+    )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
     worker: Literal["thread", "process", "ray"] = "process"

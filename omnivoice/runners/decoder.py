@@ -43,13 +43,15 @@ class DecoderStack:
         self._gate_up: list[torch.Tensor | None] = []
         self._fused: list[LayerWeights | None] = []  # per layer: its tensors for `fused_layers`
         self._layer: Callable[..., torch.Tensor] = decode_layer  # or its CompiledFn
+        self._fused_prefill = False  # prompts through the fused layers too (`prefill`)
 
-    def fuse(self, compile: bool = False) -> None:
+    def fuse(self, compile: bool = False, prefill: bool = False) -> None:
         """Fuse for GPU decode: q/k/v in one GEMM, a dense MLP's gate/up in one GEMM, and each layer
         as `fused_layers.decode_layer` (torch.compile'd with `compile`: a handful of kernels around
         the GEMMs). A decode step is a few hundred kernels per layer stack, each costing
         microseconds even inside a CUDA graph, so fewer kernels is directly a faster step. The separate
-        projections become views into the fused weights: no memory is duplicated."""
+        projections become views into the fused weights: no memory is duplicated. `prefill`: prompts
+        through these layers too (see `prefill`)."""
         for layer in self.layers:
             attn = layer.self_attn
             projs = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -67,6 +69,7 @@ class DecoderStack:
             self._fused = [layer_weights(layer, qkv, gate_up) for layer, qkv, gate_up in weights]
             if compile and any(w is not None for w in self._fused):
                 self._layer = CompiledFn(decode_layer, "decode layers")
+        self._fused_prefill = prefill and bool(self._qkv)
 
     def make_cache(
         self, num_slots: int, max_len: int, dtype: torch.dtype, device: torch.device
@@ -136,14 +139,14 @@ class DecoderStack:
         keep: Iterable[int] = (),
         lengths: list[int] | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """`forward` of prompts; on a fused stack (GPU) through the fused, compiled layers of a decode
-        step (`forward_indexed`): a prompt's forward through transformers' modules is bound by
+        """`forward` of prompts; with `fuse(prefill=True)` through the fused, compiled layers of a
+        decode step (`forward_indexed`): a prompt's forward through transformers' modules is bound by
         launching their kernels (~100 ms of a 128-token prompt on the H200), the compiled layers
         launch a third as many. A row's right padding writes keys and values past its prompt, where
         nothing attends before its decode steps overwrite them. Advances the slots."""
         b, t, _ = h.shape
         end = max(starts) + t
-        if not self._qkv or end > cache.max_len:
+        if not self._fused_prefill or end > cache.max_len:
             return self.forward(h, cache, slots, starts, keep, lengths)
         device = h.device
         slot_idx = to_device(slots, device)
@@ -160,7 +163,7 @@ class DecoderStack:
         while serving). torch.compile specialises one-row batches, and the MoE's grouping switches
         past `fused_layers.SCAN_PAIRS` pairs, so four kinds of prompt batch are run once each: one row
         and two rows, each below and past the switch. Borrows free slots and gives them back."""
-        if not self._qkv or not isinstance(self._layer, CompiledFn):
+        if not self._fused_prefill or not isinstance(self._layer, CompiledFn):
             return
         began = time.perf_counter()
         moes = [w.mlp for w in self._fused if w is not None and isinstance(w.mlp, MoeWeights)]

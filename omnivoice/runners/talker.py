@@ -82,7 +82,7 @@ class TalkerRunner:
         self.dtype = talker.dtype
         self.stack = DecoderStack(talker.model, multimodal_rope=True)
         if device.type == "cuda":
-            self.stack.fuse(compile=cfg.compile)
+            self.stack.fuse(compile=cfg.compile, prefill=cfg.fused_prefill)
         self.codec_embed = talker.get_input_embeddings()
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
         graphs = cfg.execution == "cuda_graph"

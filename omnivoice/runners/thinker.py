@@ -87,7 +87,7 @@ class ThinkerRunner:
         text_model = getattr(thinker.model, "language_model", thinker.model)
         self.stack = DecoderStack(text_model, multimodal_rope=True)
         if device.type == "cuda":
-            self.stack.fuse(compile=cfg.compile)
+            self.stack.fuse(compile=cfg.compile, prefill=cfg.fused_prefill)
         self.embed = thinker.get_input_embeddings()
         # one slot per running request, plus one per cached conversation prefix
         slots = cfg.max_batch + cfg.prefix_cache_entries

@@ -196,7 +196,7 @@ def test_a_fused_prefill_gives_what_transformers_modules_give(
             cache.k.copy_(prefix[0])
             cache.v.copy_(prefix[1])
             cache.lengths[:] = [0] * len(cache.lengths)
-            stack.fuse()
+            stack.fuse(prefill=True)
             out, kept = stack.prefill(h, cache, [0, 1], starts, keep, lengths)
         assert cache.lengths == ref_lengths, name
         for b, (n, start) in enumerate(zip(lengths, starts, strict=True)):
@@ -214,7 +214,7 @@ def test_a_prefill_past_the_cache_length_is_refused_not_written_out_of_bounds(ti
     profile = _profile(tiny_checkpoint, "cpu", "eager")
     runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
     stack, cache = _stacks(runners)["thinker"]
-    stack.fuse()
+    stack.fuse(prefill=True)
     hidden = stack.layers[0].input_layernorm.weight.shape[0]
     h = torch.randn(2, 8, hidden)
     starts = [cache.max_len - 8, 0]  # row 0 ends exactly at the cache's end: fits
@@ -294,7 +294,7 @@ def test_warm_prefill_compiles_both_moe_groupings_and_gives_the_slots_back(
     sorted_moe = fused_layers._moe_sorted
     monkeypatch.setattr(fused_layers, "_moe_sorted", lambda *a: calls.append(1) or sorted_moe(*a))
     with torch.inference_mode(), caplog.at_level(logging.INFO, logger="omnivoice.runners.decoder"):
-        stack.fuse(compile=True)
+        stack.fuse(compile=True, prefill=True)
         stack.warm_prefill(cache, torch.bfloat16)
     assert stack._layer.compiled, "the prefill shapes fell back to eager"
     assert calls, "the burst did not take the sort-based grouping"
