@@ -76,7 +76,17 @@ class CodePredictor:
                 raise ValueError(f"code predictor kernels cannot run this model: {next(w for w in why if w)}")
             log.info("code predictor: torch layers (kernels: %s)", next(w for w in why if w))
             return None
-        return _KernelFrame(self.stack, self.cache, max_batch, self.groups, predictor_kernels)
+        frame = _KernelFrame(self.stack, self.cache, max_batch, self.groups, predictor_kernels)
+        try:  # compiles the kernels now: a GPU or Triton that cannot run them is found at start
+            width = self.stack.layers[0].input_layernorm.weight.shape[0]
+            frame.layers(self.cache.k.new_zeros(2, width), *frame.prefill_rows(1))
+        except Exception as e:
+            if wanted:
+                raise
+            log.warning("code predictor: torch layers (the kernels failed: %s: %s)", type(e).__name__, e)
+            return None
+        log.info("code predictor: Triton layer kernels")
+        return frame
 
     def predict(
         self,

@@ -52,6 +52,29 @@ def test_unsupported_layers_are_refused_when_kernels_are_required() -> None:
     assert CodePredictor(module, 2, torch.device("cpu"), kernels=None).kernels is None
 
 
+def test_kernels_that_fail_at_start_leave_the_torch_layers_or_raise_when_required(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GPU or Triton that cannot compile the kernels is found by a trial at start: the default
+    falls back to the torch layers with a warning; kernels required raise."""
+    from omnivoice.runners import predictor_kernels
+    from omnivoice.runners.code_predictor import CodePredictor
+    from tests.engine.predictor_kernels_check import build
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("no kernel image for this GPU")
+
+    monkeypatch.setattr(predictor_kernels.LayerKernels, "layer", broken)
+    module = build(small=True, device="cpu")
+    predictor = CodePredictor(module, 2, torch.device("cpu"), kernels=False)
+    predictor.stack.fuse()  # as on a GPU
+    with caplog.at_level("WARNING", logger="omnivoice.runners.code_predictor"):
+        assert predictor._layer_kernels(None, 2) is None
+    assert "the kernels failed: RuntimeError: no kernel image" in caplog.text
+    with pytest.raises(RuntimeError, match="no kernel image"):
+        CodePredictor(module, 2, torch.device("cpu"), kernels=True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_kernels_match_the_torch_layers_at_full_size_on_cuda() -> None:
     from tests.engine.predictor_kernels_check import compare
