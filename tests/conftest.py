@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,19 @@ def _no_api_key_from_the_environment() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("OMNIVOICE_API_KEY", raising=False)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was() -> Iterator[None]:
+    """A test that runs a command's main() has `configure_logging` point the root logger at the stderr
+    pytest captured for that test, which pytest closes after it; later tests' server threads then log
+    into a closed file ("--- Logging error ---" in the output). Each test gets the root logger back as
+    it found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
