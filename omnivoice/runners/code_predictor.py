@@ -54,8 +54,7 @@ class CodePredictor:
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
         self.kernels = self._layer_kernels(kernels, max_batch) if device.type == "cuda" or kernels else None
-        frame = self._frame if self.kernels is None else self._frame_kernels
-        self.run = StepGraphs(frame, "code predictor", enabled=graphs)
+        self.run = StepGraphs(self._frame, "code predictor", enabled=graphs)
         self._code: Any = residual_code
         if device.type == "cuda" and compile:
             self._code = CompiledFn(residual_code, "code predictor sampling")
@@ -79,7 +78,7 @@ class CodePredictor:
         frame = _KernelFrame(self.stack, self.cache, max_batch, self.groups, predictor_kernels)
         try:  # compiles the kernels now: a GPU or Triton that cannot run them is found at start
             width = self.stack.layers[0].input_layernorm.weight.shape[0]
-            frame.layers(self.cache.k.new_zeros(2, width), *frame.prefill_rows(1))
+            frame.first(self.cache.k.new_zeros(1, 2, width))
         except Exception as e:
             if wanted:
                 raise
@@ -105,56 +104,50 @@ class CodePredictor:
     def _frame(
         self, hidden: torch.Tensor, code0: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        b = hidden.shape[0]
-        slots = torch.arange(b, device=hidden.device)
-        start = torch.zeros(b, dtype=torch.long, device=hidden.device)
-        kv_len = self.cache.max_len
-        h, _ = self.stack.forward_indexed(
-            torch.stack([hidden, code0], dim=1), self.cache, slots, start, kv_len
-        )
+        layers = self.kernels or _TorchFrame(self.stack, self.cache, hidden.shape[0], hidden.device)
+        h = layers.first(torch.stack([hidden, code0], dim=1))
         codes: list[torch.Tensor] = []
         embeds: list[torch.Tensor] = []
         for k in range(self.groups - 1):
             head, table = self.heads[k].weight, self.embeds[k].weight
-            code, embed = self._code(h[:, -1], head, table, uniforms[:, k], greedy)
+            code, embed = self._code(h, head, table, uniforms[:, k], greedy)
             codes.append(code)  # [B]
             embeds.append(embed)  # [B, Ht]
             if k == self.groups - 2:
                 break
-            h, _ = self.stack.forward_indexed(embeds[-1][:, None], self.cache, slots, start + 2 + k, kv_len)
+            h = layers.step(embed, k)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
 
-    def _frame_kernels(
-        self, hidden: torch.Tensor, code0: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`_frame` with the layers as Triton kernels over flat rows (the prefill's row 2b + t is
-        request b's position t)."""
-        b, width = hidden.shape
-        run = self.kernels
-        h = run.layers(torch.stack([hidden, code0], dim=1).reshape(2 * b, width), *run.prefill_rows(b))
-        h = h.view(b, 2, width)[:, -1]
-        codes: list[torch.Tensor] = []
-        embeds: list[torch.Tensor] = []
-        for k in range(self.groups - 1):
-            head, table = self.heads[k].weight, self.embeds[k].weight
-            code, embed = self._code(run.final_norm(h), head, table, uniforms[:, k], greedy)
-            codes.append(code)
-            embeds.append(embed)
-            if k == self.groups - 2:
-                break
-            h = run.layers(embed.contiguous(), *run.step_rows(b, k))
-        return torch.stack(codes, dim=1), torch.stack(embeds, dim=1)
+
+class _TorchFrame:
+    """A frame's layer passes through the stack's torch layers: row b at KV slot b. `first` runs the
+    frame's two positions, `step` the one-token step k at position 2 + k; each returns the final-normed
+    hidden state of the last position [B, Ht]."""
+
+    def __init__(self, stack: DecoderStack, cache: Any, b: int, device: torch.device) -> None:
+        self.stack = stack
+        self.cache = cache
+        self.slots = torch.arange(b, device=device)
+        self.start = torch.zeros(b, dtype=torch.long, device=device)
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.stack.forward_indexed(x, self.cache, self.slots, self.start, self.cache.max_len)
+        return h[:, -1]
+
+    def step(self, embed: torch.Tensor, k: int) -> torch.Tensor:
+        start = self.start + 2 + k
+        h, _ = self.stack.forward_indexed(embed[:, None], self.cache, self.slots, start, self.cache.max_len)
+        return h[:, -1]
 
 
 class _KernelFrame:
-    """What `_frame_kernels` needs besides the weights: the layers for the kernels, the rope of the
-    frame's positions and every row index tensor a frame uses (made once: graph capture allows no
-    host-to-device copies)."""
+    """A frame's layer passes as Triton kernels over flat rows (`_TorchFrame`'s `first` and `step`; the
+    two-position pass's row 2b + t is request b's position t), with the rope of the frame's positions
+    and every row index tensor a frame uses made once (graph capture allows no host-to-device copies)."""
 
     def __init__(self, stack: DecoderStack, cache: Any, max_batch: int, groups: int, kernels: Any) -> None:
         self.cache = cache
-        head_dim = stack.head_dim
-        self.layers_w = [kernels.KernelLayer(w, w.mlp, head_dim) for w in stack._fused]
+        self.layers_w = [kernels.KernelLayer(w) for w in stack._fused]
         self.norm = stack.norm
         device = cache.k.device
         positions = torch.arange(cache.k.shape[3], device=device)[None]
@@ -186,6 +179,14 @@ class _KernelFrame:
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(h, (h.shape[-1],), self.norm.weight, self.norm.variance_epsilon)
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, width = x.shape
+        h = self.layers(x.reshape(b * t, width), *self.prefill_rows(b))
+        return self.final_norm(h.view(b, t, width)[:, -1])
+
+    def step(self, embed: torch.Tensor, k: int) -> torch.Tensor:
+        return self.final_norm(self.layers(embed.contiguous(), *self.step_rows(embed.shape[0], k)))
 
 
 def residual_code(

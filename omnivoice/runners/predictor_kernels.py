@@ -171,8 +171,15 @@ class KernelLayer:
     """One dense layer's weights for the kernels (`fused_layers.LayerWeights` of a dense layer)."""
 
     w: LayerWeights
-    mlp: DenseWeights
-    head_dim: int
+
+    @property
+    def mlp(self) -> DenseWeights:
+        assert isinstance(self.w.mlp, DenseWeights)
+        return self.w.mlp
+
+    @property
+    def head_dim(self) -> int:
+        return self.w.q_norm.shape[0]
 
     @staticmethod
     def supported(w: LayerWeights | None) -> str | None:

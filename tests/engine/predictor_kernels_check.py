@@ -60,7 +60,7 @@ def teacher_forced(kernels: CodePredictor, torch_layers: CodePredictor, x: dict[
     stack, cache = torch_layers.stack, torch_layers.cache
     first = torch.stack([x["talker_hidden"], x["code0_embed"]], dim=1)
     want = stack.forward_indexed(first, cache, slots, start, cache.max_len)[0][:, -1]
-    got = run.final_norm(run.layers(first.reshape(2 * b, -1), *run.prefill_rows(b)).view(b, 2, -1)[:, -1])
+    got = run.first(first)
     errors, agree = [], 0.0
     for k in range(kernels.groups - 1):
         errors.append(float((got.float() - want.float()).norm() / want.float().norm()))
@@ -71,7 +71,7 @@ def teacher_forced(kernels: CodePredictor, torch_layers: CodePredictor, x: dict[
             break
         embed = kernels.embeds[k](code)
         want = stack.forward_indexed(embed[:, None], cache, slots, start + 2 + k, cache.max_len)[0][:, 0]
-        got = run.final_norm(run.layers(embed.contiguous(), *run.step_rows(b, k)))
+        got = run.step(embed, k)
     return {"step_rel_errors": errors, "argmax_agree": agree / (kernels.groups - 1)}
 
 
