@@ -7,8 +7,9 @@ A development tool for the GPU runtime (not part of the package):
 Builds one thinker decoder layer of the full-size architecture (random bf16 weights, ~1.2 GB) on the
 device and times, for `rows` prompts of `tokens` tokens (right-padded, as the thinker prefills a
 burst), each part of a layer's prefill in the forms the runtime could use:
-- MoE: transformers' experts (`grouped_mm`, what the prefill runs), `fused_layers.moe` run eagerly
-  (one-hot scan grouping: what the decode step compiles), and a sort-based grouping;
+- MoE: transformers' experts (`grouped_mm`, what the prefill runs by default), and `fused_layers.moe`
+  run eagerly with each of its groupings (the one-hot scan of a decode step, the sort of a large
+  prefill);
 - attention: SDPA with the batch mask the prefill builds, and causal SDPA without a mask;
 - KV-cache writes: one copy per row, and one indexed copy per tensor.
 A change to the prefill should be measured here first (issue 8, step 5: one that was not measured
@@ -25,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 
 def _sync(device: torch.device) -> None:
@@ -45,41 +45,34 @@ def timed(fn: Callable[[], object], device: torch.device, n: int, warmups: int =
     return (time.perf_counter() - began) / n * 1e3
 
 
-def moe_sorted(x: torch.Tensor, w) -> torch.Tensor:
-    """`fused_layers.moe` with the (token, expert) pairs grouped by a stable sort instead of the
-    one-hot scan: a candidate for prefill sizes (tens of thousands of pairs)."""
-    n, hidden = x.shape
-    experts = w.gate_up.shape[0]
-    probs = F.linear(x, w.router).float().softmax(-1)
-    top, chosen = torch.topk(probs, w.top_k, dim=-1)
-    if w.renormalize:
-        top = top / top.sum(-1, keepdim=True)
-    pairs = chosen.reshape(-1)
-    order = torch.argsort(pairs, stable=True)  # pairs grouped by expert, in token order within one
-    offsets = torch.bincount(pairs, minlength=experts).cumsum(0).to(torch.int32)
-    grouped = x[order // w.top_k]
-    gate, up = torch._grouped_mm(grouped, w.gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
-    out = torch._grouped_mm(F.silu(gate) * up, w.down.transpose(-2, -1), offs=offsets)
-    y = torch.empty_like(out)
-    y[order] = out
-    return (y * top.to(x.dtype).reshape(-1, 1)).view(n, w.top_k, hidden).sum(1)
+def moe_grouped(by_sort: bool) -> Callable:
+    """`fused_layers.moe` with its (token, expert) pairs grouped by a sort (what a prefill past
+    SCAN_PAIRS takes) or by the one-hot scan (what a decode step takes), whatever their number."""
+    from omnivoice.runners import fused_layers
+
+    def run(x: torch.Tensor, w) -> torch.Tensor:
+        saved = fused_layers.SCAN_PAIRS
+        fused_layers.SCAN_PAIRS = -1 if by_sort else sys.maxsize
+        try:
+            return fused_layers.moe(x, w)
+        finally:
+            fused_layers.SCAN_PAIRS = saved
+
+    return run
 
 
 def part_figures(layer, weights, rows: int, tokens: int, steps: int, device, dtype, gen) -> dict[str, float]:
     """The parts of one layer's prefill of `rows` prompts of `tokens` tokens, in each candidate form."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from omnivoice.runners.fused_layers import moe
-
     attn = layer.self_attn
     f: dict[str, float] = {}
     x = torch.randn(rows * tokens, attn.o_proj.out_features, device=device, dtype=dtype, generator=gen)
     ref = layer.mlp(x[None])[0]
-    for name, fn in (("moe_one_hot", moe), ("moe_sorted", moe_sorted)):
-        f[f"{name}_max_abs_diff"] = float((fn(x, weights.mlp).float() - ref.float()).abs().max())
     f["moe_transformers_ms"] = timed(lambda: layer.mlp(x[None]), device, steps)
-    f["moe_one_hot_ms"] = timed(lambda: moe(x, weights.mlp), device, steps)
-    f["moe_sorted_ms"] = timed(lambda: moe_sorted(x, weights.mlp), device, steps)
+    for name, fn in (("moe_one_hot", moe_grouped(by_sort=False)), ("moe_sorted", moe_grouped(by_sort=True))):
+        f[f"{name}_max_abs_diff"] = float((fn(x, weights.mlp).float() - ref.float()).abs().max())
+        f[f"{name}_ms"] = timed(lambda fn=fn: fn(x, weights.mlp), device, steps)
     d, hq, hkv = attn.head_dim, weights.q_heads, weights.kv_heads
     q = torch.randn(rows, hq, tokens, d, device=device, dtype=dtype, generator=gen)
     k = torch.randn(rows, hkv, tokens, d, device=device, dtype=dtype, generator=gen)

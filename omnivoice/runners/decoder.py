@@ -18,7 +18,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rot
 
 from omnivoice.runners import fused_layers
 from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, MoeWeights, decode_layer, layer_weights
-from omnivoice.runners.graphs import kv_buckets
+from omnivoice.runners.graphs import bucket, kv_buckets
 from omnivoice.runners.kv_cache import SlotKVCache, write_read
 from omnivoice.runners.transfer import to_device
 
@@ -151,7 +151,7 @@ class DecoderStack:
         device = h.device
         slot_idx = to_device(slots, device)
         start_idx = to_device(starts, device)
-        kv_len = next(n for n in kv_buckets(cache.max_len) if n >= end)  # few compiled shapes
+        kv_len = bucket(end, kv_buckets(cache.max_len))  # few compiled shapes
         out, kept = self.forward_indexed(h, cache, slot_idx, start_idx, kv_len, keep)
         for slot, start, n in zip(slots, starts, lengths or [t] * b, strict=True):
             cache.lengths[slot] = start + n

@@ -210,45 +210,45 @@ def moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     weights = top.to(x.dtype).reshape(-1)
     pairs = chosen.reshape(-1)  # [P], P = N*k, pair p = (token p // k, expert pairs[p])
     if pairs.shape[0] > SCAN_PAIRS:
-        return _moe_sorted(x, w, pairs, weights)
-    # Group the (token, expert) pairs by expert without a sort: a pair's place is its expert's start
-    # plus how many earlier pairs chose that expert (elementwise work and one scan: fused kernels)
-    hits = (pairs.unsqueeze(1) == torch.arange(experts, device=x.device)).int()  # [P, E]
-    seen = hits.cumsum(0)  # [P, E]: pairs up to p that chose each expert
-    offsets = seen[-1].cumsum(0).to(torch.int32)  # [E]: end of each expert's group
-    place = (offsets - seen[-1])[pairs] + seen.gather(1, pairs.unsqueeze(1)).squeeze(1) - 1  # [P]
-    token = torch.arange(pairs.shape[0], device=x.device) // w.top_k
-    grouped = x.new_empty(pairs.shape[0], hidden)
-    grouped[place] = x[token]
-    gate, up = torch._grouped_mm(grouped, w.gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
-    out = torch._grouped_mm(F.silu(gate) * up, w.down.transpose(-2, -1), offs=offsets)
-    y = (out[place] * weights.unsqueeze(-1)).view(n, w.top_k, hidden).sum(1)
+        # A prefill: group the pairs by a stable sort on their expert. The one-hot scan below does
+        # [P, E] work (15 ms a layer for a burst of 32 prompts on the H200, against 1.9 ms for the
+        # sort: BENCHMARKS.md, issue 8 step 6); both give the same groups in the same order.
+        order, offsets = _sort_pairs(pairs, experts)
+        out = _grouped_experts(x[order // w.top_k], w, offsets)
+        per_pair = torch.empty_like(out)
+        per_pair[order] = out  # back to pair order
+    else:
+        # Group the (token, expert) pairs by expert without a sort: a pair's place is its expert's
+        # start plus how many earlier pairs chose that expert (elementwise work and one scan: fused
+        # kernels)
+        hits = (pairs.unsqueeze(1) == torch.arange(experts, device=x.device)).int()  # [P, E]
+        seen = hits.cumsum(0)  # [P, E]: pairs up to p that chose each expert
+        offsets = seen[-1].cumsum(0).to(torch.int32)  # [E]: end of each expert's group
+        place = (offsets - seen[-1])[pairs] + seen.gather(1, pairs.unsqueeze(1)).squeeze(1) - 1  # [P]
+        token = torch.arange(pairs.shape[0], device=x.device) // w.top_k
+        grouped = x.new_empty(pairs.shape[0], hidden)
+        grouped[place] = x[token]
+        per_pair = _grouped_experts(grouped, w, offsets)[place]
+    y = (per_pair * weights.unsqueeze(-1)).view(n, w.top_k, hidden).sum(1)
     if w.shared is not None:
         assert w.shared_gate is not None
         y = y + torch.sigmoid(F.linear(x, w.shared_gate)) * _dense(x, w.shared)
     return y
 
 
-def _moe_sorted(x: torch.Tensor, w: MoeWeights, pairs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """`moe` past SCAN_PAIRS pairs (a prefill): the pairs grouped by a stable sort on their expert.
-    The one-hot scan's [P, E] work grows with the pairs (15 ms a layer for a burst of 32 prompts on
-    the H200, against 1.9 ms for this: BENCHMARKS.md, issue 8 step 6). Same sums in the same order."""
-    n, hidden = x.shape
-    experts = w.gate_up.shape[0]
-    order = torch.argsort(pairs, stable=True)  # grouped by expert, in token order within one
-    counts = torch.zeros(experts, dtype=torch.int32, device=x.device)
-    counts.scatter_add_(0, pairs, torch.ones_like(pairs, dtype=torch.int32))  # no host sync
-    offsets = counts.cumsum(0).to(torch.int32)
-    grouped = x[order // w.top_k]
+def _sort_pairs(pairs: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs grouped by expert: their order [P] (in token order within an expert) and the end of
+    each expert's group [E], without a host sync."""
+    order = torch.argsort(pairs, stable=True)
+    counts = torch.zeros(experts, dtype=torch.int32, device=pairs.device)
+    counts.scatter_add_(0, pairs, torch.ones_like(pairs, dtype=torch.int32))
+    return order, counts.cumsum(0).to(torch.int32)
+
+
+def _grouped_experts(grouped: torch.Tensor, w: MoeWeights, offsets: torch.Tensor) -> torch.Tensor:
+    """The experts' SiLU-gated MLPs over pairs grouped by expert (groups ending at `offsets`)."""
     gate, up = torch._grouped_mm(grouped, w.gate_up.transpose(-2, -1), offs=offsets).chunk(2, dim=-1)
-    out = torch._grouped_mm(F.silu(gate) * up, w.down.transpose(-2, -1), offs=offsets)
-    y = torch.empty_like(out)
-    y[order] = out  # back to pair order
-    y = (y * weights.unsqueeze(-1)).view(n, w.top_k, hidden).sum(1)
-    if w.shared is not None:
-        assert w.shared_gate is not None
-        y = y + torch.sigmoid(F.linear(x, w.shared_gate)) * _dense(x, w.shared)
-    return y
+    return torch._grouped_mm(F.silu(gate) * up, w.down.transpose(-2, -1), offs=offsets)
 
 
 def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -291,8 +291,8 @@ def test_warm_prefill_compiles_both_moe_groupings_and_gives_the_slots_back(
     stack, cache = _stacks(runners)["thinker"]
     free = cache.free_slots
     calls: list[int] = []
-    sorted_moe = fused_layers._moe_sorted
-    monkeypatch.setattr(fused_layers, "_moe_sorted", lambda *a: calls.append(1) or sorted_moe(*a))
+    sort_pairs = fused_layers._sort_pairs
+    monkeypatch.setattr(fused_layers, "_sort_pairs", lambda *a: calls.append(1) or sort_pairs(*a))
     with torch.inference_mode(), caplog.at_level(logging.INFO, logger="omnivoice.runners.decoder"):
         stack.fuse(compile=True, prefill=True)
         stack.warm_prefill(cache, torch.bfloat16)
