@@ -22,8 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnivoice.runners.code_predictor import CodePredictor
-from omnivoice.runners.predictor_kernels import Tiles
-from tests.engine.predictor_kernels_check import build, compare, inputs
+from omnivoice.runners.predictor_kernels import LayerKernels, Tiles
+from tests.engine.predictor_kernels_check import GEMMS, build, compare, inputs
 
 
 def replay_ms(predictor: CodePredictor, batch: int, hidden: int, replays: int) -> float:
@@ -41,6 +41,42 @@ def replay_ms(predictor: CodePredictor, batch: int, hidden: int, replays: int) -
     return start.elapsed_time(end) / replays
 
 
+def tiles_of(spec: str) -> Tiles:
+    """BLOCK_N x BLOCK_K x stages x warps [x programs], e.g. 32x128x4x4 or 32x128x4x4x0 (K never split)."""
+    values = [int(v) for v in spec.split("x")]
+    return Tiles(*values)
+
+
+def gemm_us(run: LayerKernels, batch: int, replays: int) -> dict[str, float]:
+    """Each of a full-size layer's four GEMMs alone: microseconds a call, from a CUDA graph of 20 calls."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    times = {}
+    for name, (n, k, norm, gated, residual) in GEMMS["full"].items():
+        weight = torch.randn((2 if gated else 1) * n, k, generator=g).to("cuda", torch.bfloat16)
+        x = torch.randn(batch, k, generator=g).to("cuda", torch.bfloat16)
+        kwargs = {
+            "norm": (torch.ones(k, device="cuda", dtype=torch.bfloat16), 1e-6) if norm else None,
+            "gated": gated,
+            "residual": torch.zeros(batch, n, device="cuda", dtype=torch.bfloat16) if residual else None,
+        }
+        run._gemm(x, weight, **kwargs)  # compiles
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(20):
+                run._gemm(x, weight, **kwargs)
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times[f"{name} {n}x{k} split {run.tiles.split(-(-n // run.tiles.block_n), k)}"] = round(
+            start.elapsed_time(end) * 1000 / replays / 20, 2
+        )
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -50,7 +86,11 @@ def main() -> None:
         "--tiles",
         nargs="+",
         default=["16x128x4x4"],
-        help="GEMM tilings of the kernels to time, each BLOCK_N x BLOCK_K x stages x warps",
+        help="GEMM tilings of the kernels to time, each BLOCK_N x BLOCK_K x stages x warps, then "
+        "optionally the programs a GEMM should have (K split to get there; 0: never split)",
+    )
+    parser.add_argument(
+        "--gemms", action="store_true", help="also time each of a layer's GEMMs alone, per tiling and batch"
     )
     parser.add_argument(
         "--profile-out", type=Path, help="folder for each kind's kernel table at the top batch"
@@ -68,15 +108,21 @@ def main() -> None:
     top = max(args.batch)
     kinds = {"torch_compiled": CodePredictor(module, top, device, graphs=True, compile=True, kernels=False)}
     for spec in args.tiles:
-        n, k, stages, warps = (int(v) for v in spec.split("x"))
         kinds[f"triton_{spec}"] = predictor = CodePredictor(module, top, device, graphs=True, kernels=True)
-        predictor.kernels.run.tiles = Tiles(n, k, stages, warps)
+        predictor.kernels.run.tiles = tiles_of(spec)
     figures: dict[str, object] = {"machine": torch.cuda.get_device_name(), "replays": args.replays}
     print("frame ms (graph replay):", "  ".join(kinds), flush=True)
     for batch in args.batch:
         row = {name: replay_ms(p, batch, hidden, args.replays) for name, p in kinds.items()}
         figures[f"batch {batch}"] = row
         print(f"batch {batch:>3}:", "  ".join(f"{name} {ms:.3f}" for name, ms in row.items()), flush=True)
+    if args.gemms:
+        figures["gemm_us"] = gemm_table = {}
+        for spec in args.tiles:
+            run = kinds[f"triton_{spec}"].kernels.run
+            for batch in args.batch:
+                gemm_table[f"{spec} batch {batch}"] = row = gemm_us(run, batch, args.replays)
+                print(f"GEMMs us, {spec}, batch {batch}:", row, flush=True)
     if args.profile_out is not None:
         from torch.profiler import ProfilerActivity, profile
 

@@ -50,23 +50,33 @@ def _dot(a, b, acc, F32: tl.constexpr):
 
 @triton.jit
 def _gemm_kernel(
-    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, M, eps,
+    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, M, eps,
     N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+    F32: tl.constexpr,
 ):  # fmt: skip
     """out [M, N] = x @ W^T with, by the flags: x RMSNorm'd first (NORM: the row statistics gathered in
     the same pass over K and applied to the product, which they scale row by row); SiLU(x @ Wg^T) *
     (x @ Wu^T) (GATED: W = [Wg; Wu] is [2N, K]); plus res [M, N] (RESIDUAL). Products are rounded to
-    the dtype before the activation and the residual, as torch rounds its GEMM outputs."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    the dtype before the activation and the residual, as torch rounds its GEMM outputs.
+
+    SPLIT > 1 splits K over that many programs per output tile (program axis 2), so that a GEMM of few
+    column tiles still has a program on every multiprocessor: each writes its fp32 partial sums to the
+    workspace `ws`, and the last of a tile's programs to arrive (counted in `sem`, which it resets to 0)
+    adds them in split order, so the result does not depend on the order the programs ran in."""
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < M
     n_ok = n < N
     dt = x_ptr.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    PART: tl.constexpr = K // SPLIT  # the caller makes it a multiple of BLOCK_K
+    for k0 in range(split * PART, split * PART + PART, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)
         k_ok = cols < K
         x = tl.load(
@@ -81,6 +91,47 @@ def _gemm_kernel(
         if GATED:
             wu = tl.load(w_ptr + (N + n[None, :]) * K + cols[:, None], mask=w_ok, other=0.0)
             up = _dot(x, wu, up, F32)
+    if SPLIT == 1:
+        _gemm_epilogue(acc, up, ss, rows, n, row_ok, n_ok, res_ptr, out_ptr, eps, N, K, NORM, GATED, RESIDUAL)
+    else:
+        # workspace: [SPLIT, tiles_m * BLOCK_M, N] of acc, then of up;
+        # then [SPLIT, tiles_n, tiles_m * BLOCK_M] of ss
+        m_pad = tl.num_programs(1) * BLOCK_M
+        part = ws_ptr + rows[:, None] * N + n[None, :]
+        ss_part = ws_ptr + 2 * SPLIT * m_pad * N + pid_n * m_pad + rows
+        ss_stride = tl.num_programs(0) * m_pad
+        tl.store(part + split * m_pad * N, acc, mask=n_ok[None, :])
+        if GATED:
+            tl.store(part + (SPLIT + split) * m_pad * N, up, mask=n_ok[None, :])
+        if NORM:
+            tl.store(ss_part + split * ss_stride, ss)
+        tl.debug_barrier()  # every thread's partials are written before the count says so
+        tile = sem_ptr + pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(tile, 1) == SPLIT - 1:  # acq_rel: the other programs' partials are visible
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for s in tl.static_range(SPLIT):
+                acc += tl.load(part + s * m_pad * N, mask=n_ok[None, :], other=0.0, cache_modifier=".cg")
+                if GATED:
+                    up += tl.load(
+                        part + (SPLIT + s) * m_pad * N, mask=n_ok[None, :], other=0.0, cache_modifier=".cg"
+                    )
+                if NORM:
+                    ss += tl.load(ss_part + s * ss_stride, cache_modifier=".cg")
+            _gemm_epilogue(
+                acc, up, ss, rows, n, row_ok, n_ok, res_ptr, out_ptr, eps, N, K, NORM, GATED, RESIDUAL
+            )
+            tl.atomic_xchg(tile, 0)  # ready for the next GEMM (and the next replay of a graph)
+
+
+@triton.jit
+def _gemm_epilogue(
+    acc, up, ss, rows, n, row_ok, n_ok, res_ptr, out_ptr, eps,
+    N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+):  # fmt: skip
+    """`_gemm_kernel`'s flags applied to its fp32 sums over all of K, and the tile stored."""
+    dt = out_ptr.dtype.element_ty
     if NORM:
         r = tl.rsqrt(ss / K + eps)[:, None]
         acc = acc * r
@@ -117,8 +168,9 @@ def _attention_kernel(
     out_ptr, qk_eps, scaling, cache_slot, cache_head, cache_pos,
     T: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_KV: tl.constexpr,
 ):  # fmt: skip
-    """One request's T rows (in position order) and one KV head per program: the rows' k (normed,
-    rotated) and v into the cache, then each row's GROUP q heads (normed, rotated) attend causally."""
+    """One request's T rows (in position order) and one KV head per program: each row's GROUP q heads
+    (normed, rotated) attend causally to the cached keys and values before the row's position and to
+    the row's own k (normed, rotated) and v, which then go into the cache."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     dt = qkv_ptr.dtype.element_ty
@@ -134,32 +186,44 @@ def _attention_kernel(
         slot = tl.load(slot_ptr + m)
         pos = tl.load(pos_ptr + m)
         row = qkv_ptr + m * WIDTH
+        cache = slot * cache_slot + kv_head * cache_head
+        # the keys and values before the row's position, already in the cache, load alongside the
+        # row's own q, k and v (no wait on this row's cache writes; row t's on row t - 1's, below)
+        before = j < pos
+        at = cache + j[:, None] * cache_pos
+        keys_lo = tl.load(k_cache_ptr + at + i[None, :], mask=before[:, None], other=0.0)
+        keys_hi = tl.load(k_cache_ptr + at + HALF + i[None, :], mask=before[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + at + d[None, :], mask=before[:, None], other=0.0).to(tl.float32)
+        keys_lo, keys_hi = keys_lo.to(tl.float32), keys_hi.to(tl.float32)
         k_lo = tl.load(row + (HQ + kv_head) * D + i).to(tl.float32)
         k_hi = tl.load(row + (HQ + kv_head) * D + HALF + i).to(tl.float32)
-        k_lo, k_hi = _norm_rope(k_lo, k_hi, k_norm_ptr, cos_ptr, sin_ptr, pos, qk_eps, dt, D)
-        cache = slot * cache_slot + kv_head * cache_head
-        tl.store(k_cache_ptr + cache + pos * cache_pos + i, k_lo.to(dt))
-        tl.store(k_cache_ptr + cache + pos * cache_pos + HALF + i, k_hi.to(dt))
-        tl.store(v_cache_ptr + cache + pos * cache_pos + d, tl.load(row + (HQ + HKV + kv_head) * D + d))
+        v_row = tl.load(row + (HQ + HKV + kv_head) * D + d)
         q_lo = tl.load(row + heads[:, None] * D + i[None, :]).to(tl.float32)  # [G, D/2]
         q_hi = tl.load(row + heads[:, None] * D + HALF + i[None, :]).to(tl.float32)
+        k_lo, k_hi = _norm_rope(k_lo, k_hi, k_norm_ptr, cos_ptr, sin_ptr, pos, qk_eps, dt, D)
+        k_lo, k_hi = k_lo.to(dt), k_hi.to(dt)
         q_lo, q_hi = _norm_rope(q_lo, q_hi, q_norm_ptr, cos_ptr, sin_ptr, pos, qk_eps, dt, D)
         q_lo = q_lo.to(dt).to(tl.float32)
         q_hi = q_hi.to(dt).to(tl.float32)
-        tl.debug_barrier()  # this program's cache writes, read back below
+        # the row's own key and value join at its position, as the cache will hold them
+        own = (j == pos)[:, None]
+        keys_lo = tl.where(own, k_lo.to(tl.float32)[None, :], keys_lo)
+        keys_hi = tl.where(own, k_hi.to(tl.float32)[None, :], keys_hi)
+        v = tl.where(own, v_row.to(tl.float32)[None, :], v)
         seen = j <= pos  # causal: keys up to the row's own position
-        at = cache + j[:, None] * cache_pos
-        keys_lo = tl.load(k_cache_ptr + at + i[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
-        keys_hi = tl.load(k_cache_ptr + at + HALF + i[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
         scores = tl.sum(q_lo[:, None, :] * keys_lo[None, :, :], axis=2)
         scores += tl.sum(q_hi[:, None, :] * keys_hi[None, :, :], axis=2)  # [G, KV]
         scores = scores.to(dt).to(tl.float32) * scaling
         scores = tl.where(seen[None, :], scores, float("-inf"))
         p = tl.exp(scores - tl.max(scores, axis=1)[:, None])
         p = (p / tl.sum(p, axis=1)[:, None]).to(dt).to(tl.float32)
-        v = tl.load(v_cache_ptr + at + d[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
         out = tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
         tl.store(out_ptr + m * (HQ * D) + heads[:, None] * D + d[None, :], out.to(dt))
+        tl.store(k_cache_ptr + cache + pos * cache_pos + i, k_lo)
+        tl.store(k_cache_ptr + cache + pos * cache_pos + HALF + i, k_hi)
+        tl.store(v_cache_ptr + cache + pos * cache_pos + d, v_row)
+        if T > 1:
+            tl.debug_barrier()  # this row's cache writes, read by the next row
 
 
 def _block_m(m: int) -> int:
@@ -199,14 +263,30 @@ class KernelLayer:
 
 @dataclass(frozen=True)
 class Tiles:
-    """The GEMM kernels' tiling: output columns per program (>= 16), the K step, pipeline depth, warps.
-    Small column tiles: at a few dozen rows a GEMM is a weight read, fast only when spread over every
-    multiprocessor."""
+    """The GEMM kernels' tiling: output columns per program (>= 16), the K step, pipeline depth, warps,
+    and how many programs a GEMM should have at least (`programs`): one of few column tiles splits K
+    over up to `max_split` programs per tile to get there (0: never split). Small column tiles and
+    split K: at a few dozen rows a GEMM is a weight read, fast only when spread over every
+    multiprocessor (132 on the H200)."""
 
     block_n: int = 32  # the best of 16/32/64 x 64/128/256 on the H200 (BENCHMARKS.md, issue 8 step 6)
     block_k: int = 128
     stages: int = 4
     warps: int = 4
+    programs: int = 128
+    max_split: int = 8
+
+    def split(self, tiles: int, k: int) -> int:
+        """K splits for a GEMM of `tiles` output tiles over K: the fewest (a power of two) that give
+        `programs` programs, each still a whole number of K steps."""
+        split = 1
+        while (
+            tiles * split < self.programs
+            and split * 2 <= self.max_split
+            and k % (split * 2 * self.block_k) == 0
+        ):
+            split *= 2
+        return split
 
 
 class LayerKernels:
@@ -218,6 +298,9 @@ class LayerKernels:
         self.sin = sin.contiguous()
         self.tiles = tiles or Tiles()
         self.f32 = _INTERPRET
+        # split-K arrival counts, one per output tile; each GEMM leaves them at 0 (the kernels of one
+        # LayerKernels run on one stream, one after another)
+        self._sem = torch.zeros(4096, dtype=torch.int32, device=cos.device)
 
     def layer(
         self,
@@ -259,11 +342,18 @@ class LayerKernels:
         n = weight.shape[0] // 2 if gated else weight.shape[0]
         out = x.new_empty(m, n)
         bm, t = _block_m(m), self.tiles
+        grid_n, grid_m = triton.cdiv(n, t.block_n), triton.cdiv(m, bm)
+        split = t.split(grid_n * grid_m, k)
+        if grid_n * grid_m > self._sem.numel():
+            raise ValueError(f"a GEMM of {grid_n * grid_m} tiles (at most {self._sem.numel()})")
+        ws = out  # unused unless split
+        if split > 1:  # partial sums of acc and up, then the rows' sums of squares
+            ws = x.new_empty(2 * split * grid_m * bm * n + split * grid_n * grid_m * bm, dtype=torch.float32)
         norm_w, eps = norm if norm is not None else (x, 0.0)
-        _gemm_kernel[(triton.cdiv(n, t.block_n), triton.cdiv(m, bm))](
-            x, norm_w, weight, residual if residual is not None else x, out, m, eps,
+        _gemm_kernel[(grid_n, grid_m, split)](
+            x, norm_w, weight, residual if residual is not None else x, out, ws, self._sem, m, eps,
             N=n, K=k, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None,
-            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k, F32=self.f32,
+            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT=split, F32=self.f32,
             num_warps=t.warps, num_stages=t.stages,
         )  # fmt: skip
         return out

@@ -18,6 +18,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from omnivoice.models.dummy import DummySource, dummy_config
 from omnivoice.runners.code_predictor import CodePredictor
+from omnivoice.runners.predictor_kernels import LayerKernels, Tiles
 
 # the full size's shape rules (head_dim a power of two >= 32, grouped kv heads), scaled down for the
 # interpreter
@@ -93,6 +94,61 @@ def compare(small: bool, device: str, batch: int) -> dict[str, object]:
     }
 
 
+# one dense layer's four GEMMs (name: N, K, RMSNorm first, gated, residual), small and at full size
+GEMMS = {
+    "small": {"qkv": (64, 64, True, False, False), "o": (32, 128, False, False, True),
+              "gate_up": (48, 64, True, True, False), "down": (32, 96, False, False, True)},
+    "full": {"qkv": (4096, 1024, True, False, False), "o": (1024, 2048, False, False, True),
+             "gate_up": (3072, 1024, True, True, False), "down": (1024, 3072, False, False, True)},
+}  # fmt: skip
+
+
+def _gemm_reference(x, weight, norm, gated, residual):  # type: ignore[no-untyped-def]
+    """The GEMM kernel's formula in float32 torch ops."""
+    h = x.float()
+    if norm is not None:
+        h = torch.nn.functional.rms_norm(h, (h.shape[-1],), norm.float(), 1e-6)
+    y = h @ weight.float().T
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = torch.nn.functional.silu(gate) * up
+    return y + residual.float() if residual is not None else y
+
+
+def gemms(size: str, device: str, rows: tuple[int, ...], tiles: Tiles) -> dict[str, object]:
+    """Each of a layer's GEMMs through the kernel with K split (as `tiles` split it) and unsplit,
+    against float32 torch: the relative errors, each GEMM's split, whether the split's arrival counts
+    are back at 0 after each GEMM, and whether a second run gives the same bits."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    dev = torch.device(device)
+    positions = torch.zeros(1, 32, device=dev)
+    split_run = LayerKernels(positions, positions, tiles)
+    whole_run = LayerKernels(positions, positions, Tiles(tiles.block_n, tiles.block_k, max_split=1))
+    errors: dict[str, float] = {}
+    split_vs_whole: dict[str, float] = {}
+    splits: dict[str, int] = {}
+    clear = repeatable = True
+    for name, (n, k, norm, gated, residual) in GEMMS[size].items():
+        weight = (torch.randn((2 if gated else 1) * n, k, generator=g) / k**0.5).to(dev, torch.bfloat16)
+        norm_w = (1 + 0.1 * torch.randn(k, generator=g)).to(dev, torch.bfloat16) if norm else None
+        for m in rows:
+            x = torch.randn(m, k, generator=g).to(dev, torch.bfloat16)
+            res = torch.randn(m, n, generator=g).to(dev, torch.bfloat16) if residual else None
+            kwargs = {"norm": (norm_w, 1e-6) if norm else None, "gated": gated, "residual": res}
+            got = split_run._gemm(x, weight, **kwargs)  # type: ignore[arg-type]
+            clear &= bool((split_run._sem == 0).all())
+            repeatable &= torch.equal(split_run._gemm(x, weight, **kwargs), got)  # type: ignore[arg-type]
+            whole = whole_run._gemm(x, weight, **kwargs)  # type: ignore[arg-type]
+            want = _gemm_reference(x, weight, norm_w, gated, res)
+            key = f"{name} m={m}"
+            errors[key] = float((got.float() - want).norm() / want.norm())
+            split_vs_whole[key] = float((got.float() - whole.float()).norm() / whole.float().norm())
+            bm = min(64, max(16, 1 << (m - 1).bit_length()))
+            splits[key] = tiles.split(-(-n // tiles.block_n) * -(-m // bm), k)
+    return {"gemm_rel_errors": errors, "split_vs_whole": split_vs_whole, "splits": splits,
+            "counts_clear": clear, "repeatable": repeatable}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,8 +156,13 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="the full Qwen3-Omni size (CUDA)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=3)
+    parser.add_argument("--gemms", action="store_true", help="the layer's GEMMs alone, K split and not")
     args = parser.parse_args()
-    print(compare(not args.full, args.device, args.batch))
+    if args.gemms:
+        tiles = Tiles(block_n=16, block_k=16, programs=64, max_split=4)  # splits the small GEMMs too
+        print(gemms("small", args.device, (1, 5, 20), tiles))
+    else:
+        print(compare(not args.full, args.device, args.batch))
 
 
 if __name__ == "__main__":

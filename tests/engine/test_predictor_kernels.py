@@ -28,10 +28,23 @@ def _check(result: dict[str, object], tolerance: float) -> None:
     assert isinstance(result["argmax_agree"], float) and result["argmax_agree"] >= 0.9, result
 
 
-def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:
+def _check_gemms(result: dict[str, object], split: bool) -> None:
+    """Each GEMM within bfloat16 rounding of float32 torch, K split or not; `split`: every GEMM of the
+    check was split. The split-K arrival counts are back at 0 after each GEMM (a count left behind
+    would make the next GEMM's tiles finish early) and a second run gives the same bits."""
+    errors, gap, splits = result["gemm_rel_errors"], result["split_vs_whole"], result["splits"]
+    assert isinstance(errors, dict) and isinstance(gap, dict) and isinstance(splits, dict)
+    assert len(errors) >= 12 and max(errors.values()) < 0.03, result
+    assert max(gap.values()) < 0.01, result  # the same sums, added in another order
+    if split:
+        assert min(splits.values()) > 1, result
+    assert result["counts_clear"] is True and result["repeatable"] is True, result
+
+
+def _interpret(*args: str) -> dict[str, object]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "tests.engine.predictor_kernels_check", "--batch", "8"],
+        [sys.executable, "-m", "tests.engine.predictor_kernels_check", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -39,7 +52,15 @@ def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    _check(ast.literal_eval(done.stdout.strip().splitlines()[-1]), 0.03)
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:
+    _check(_interpret("--batch", "8"), 0.03)
+
+
+def test_gemms_split_over_k_match_torch_under_the_interpreter() -> None:
+    _check_gemms(_interpret("--gemms"), split=True)
 
 
 def test_unsupported_layers_are_refused_when_kernels_are_required() -> None:
@@ -80,6 +101,17 @@ def test_kernels_match_the_torch_layers_at_full_size_on_cuda() -> None:
     from tests.engine.predictor_kernels_check import compare
 
     _check(compare(small=False, device="cuda", batch=32), 0.03)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_full_size_gemms_with_the_default_tiles_match_torch_on_cuda() -> None:
+    from omnivoice.runners.predictor_kernels import Tiles
+    from tests.engine.predictor_kernels_check import gemms
+
+    result = gemms("full", "cuda", (1, 8, 32), Tiles())
+    _check_gemms(result, split=False)
+    splits = result["splits"]
+    assert isinstance(splits, dict) and splits["o m=32"] > 1 and splits["down m=32"] > 1, result
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
