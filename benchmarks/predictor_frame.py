@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omnivoice.runners.code_predictor import CodePredictor
+from omnivoice.runners.code_predictor import CodePredictor, residual_code
 from omnivoice.runners.predictor_kernels import LayerKernels, Tiles
 from tests.engine.predictor_kernels_check import GEMMS, build, compare, inputs
 
@@ -90,6 +90,11 @@ def main() -> None:
         "optionally the programs a GEMM should have (K split to get there; 0: never split)",
     )
     parser.add_argument(
+        "--torch-sampling",
+        action="store_true",
+        help="also time the first tiling with each step's sampling and embedding as torch ops",
+    )
+    parser.add_argument(
         "--gemms", action="store_true", help="also time each of a layer's GEMMs alone, per tiling and batch"
     )
     parser.add_argument(
@@ -110,6 +115,11 @@ def main() -> None:
     for spec in args.tiles:
         kinds[f"triton_{spec}"] = predictor = CodePredictor(module, top, device, graphs=True, kernels=True)
         predictor.kernels.run.tiles = tiles_of(spec)
+    if args.torch_sampling:  # the first tiling's layers with the torch ops' sampling and gather
+        name = f"triton_{args.tiles[0]}_torch_sampling"
+        kinds[name] = predictor = CodePredictor(module, top, device, graphs=True, kernels=True)
+        predictor.kernels.run.tiles = tiles_of(args.tiles[0])
+        predictor._code = residual_code
     figures: dict[str, object] = {"machine": torch.cuda.get_device_name(), "replays": args.replays}
     print("frame ms (graph replay):", "  ".join(kinds), flush=True)
     for batch in args.batch:

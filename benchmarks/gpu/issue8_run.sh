@@ -5,7 +5,9 @@
 #   with PARITY=1, graphed-vs-eager parity, and with PROF=1, the per-stage step profiles; PARTS=1
 #   first times one full-size layer's prefill parts (benchmarks/prefill_parts.py); KERN=1 first runs
 #   the code predictor kernels' CUDA tests and times a frame (benchmarks/predictor_frame.py); TINY=1
-#   first runs the tiny checkpoint's parity (configs/cuda-tiny.yaml); SWEEP=0 skips the sweep.
+#   first runs the tiny checkpoint's parity (configs/cuda-tiny.yaml); SWEEP=0 skips the sweep;
+#   BASELINE=1 measures transformers' generate() (2 requests at batch 1) in the sweep's run, before the
+#   engine starts; GEMMS=1 also times each predictor GEMM alone and TORCH_SAMPLING=1 a frame with torch sampling (with KERN=1).
 # TS / TPA / TP / TT: time limits in seconds of the sweep, parity, profile and tiny parity.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -18,10 +20,10 @@ tail -3 $OUT/r/parts.log
 fi
 if [ -n "${KERN:-}" ]; then  # ~1-2 minutes
 if [ -z "${KERN_NO_TESTS:-}" ]; then
-python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/engine/test_predictor_kernels.py > $OUT/r/kern-tests.log 2>&1
+python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/engine/test_predictor_kernels.py tests/engine/test_residual_code_kernel.py > $OUT/r/kern-tests.log 2>&1
 tail -3 $OUT/r/kern-tests.log
 fi
-python3 benchmarks/predictor_frame.py --batch 1 8 32 --tiles ${TILES:-32x128x4x4} --profile-out $OUT/r/kern-prof --out $OUT/r/predictor-frame.json > $OUT/r/kern.log 2>&1
+python3 benchmarks/predictor_frame.py --batch 1 8 32 --tiles ${TILES:-32x128x4x4} ${GEMMS:+--gemms} ${TORCH_SAMPLING:+--torch-sampling} --profile-out $OUT/r/kern-prof --out $OUT/r/predictor-frame.json > $OUT/r/kern.log 2>&1
 grep -v "^20" $OUT/r/kern.log | tail -8
 fi
 if [ -n "${TINY:-}" ]; then
@@ -32,7 +34,8 @@ fi
 if [ "${SWEEP:-1}" != 0 ]; then
 ( time timeout ${TS:-300} python3 -m omnivoice bench engine --profile configs/h200-dummy.yaml --prompt-tokens 128 \
     --text-tokens 64 --audio-frames 240 --concurrency 32 1 --num-prompts 128 5 --warmups 5 2 \
-    --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet ) > $OUT/r/sweep.log 2>&1
+    --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet \
+    ${BASELINE:+--baseline transformers --baseline-requests 2} ) > $OUT/r/sweep.log 2>&1
 grep -v "^\[" $OUT/r/sweep.log | tail -45
 fi
 if [ -n "${PARITY:-}" ]; then
