@@ -42,9 +42,10 @@ def replay_ms(predictor: CodePredictor, batch: int, hidden: int, replays: int) -
 
 
 def tiles_of(spec: str) -> Tiles:
-    """BLOCK_N x BLOCK_K x stages x warps [x programs], e.g. 32x128x4x4 or 32x128x4x4x0 (K never split)."""
-    values = [int(v) for v in spec.split("x")]
-    return Tiles(*values)
+    """BLOCK_N x BLOCK_K x stages x warps [x programs][s], e.g. 32x128x4x4, 32x128x4x4x0 (K never split),
+    64x128x4x4x128s (the products transposed: `Tiles.swap`)."""
+    values = [int(v) for v in spec.removesuffix("s").split("x")]
+    return Tiles(*values, swap=spec.endswith("s"))
 
 
 def gemm_us(run: LayerKernels, batch: int, replays: int) -> dict[str, float]:
@@ -87,7 +88,8 @@ def main() -> None:
         nargs="+",
         default=["16x128x4x4"],
         help="GEMM tilings of the kernels to time, each BLOCK_N x BLOCK_K x stages x warps, then "
-        "optionally the programs a GEMM should have (K split to get there; 0: never split)",
+        "optionally the programs a GEMM should have (K split to get there; 0: never split), then "
+        "optionally s (the products transposed)",
     )
     parser.add_argument(
         "--torch-sampling",

@@ -49,16 +49,31 @@ def _dot(a, b, acc, F32: tl.constexpr):
 
 
 @triton.jit
+def _mac(x, w_ptr, n, cols, n_ok, k_ok, acc, K: tl.constexpr, SWAP: tl.constexpr, F32: tl.constexpr):
+    """acc + x [M, BK] @ W[n, cols]^T, or with SWAP its transpose acc [BN, M] + W[n, cols] @ x^T."""
+    if SWAP:
+        w = tl.load(w_ptr + n[:, None] * K + cols[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _dot(w, tl.trans(x), acc, F32)
+    else:
+        w = tl.load(w_ptr + n[None, :] * K + cols[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = _dot(x, w, acc, F32)
+    return acc
+
+
+@triton.jit
 def _gemm_kernel(
     x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, sem_ptr, M, eps,
     N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    F32: tl.constexpr,
+    SWAP: tl.constexpr, F32: tl.constexpr,
 ):  # fmt: skip
     """out [M, N] = x @ W^T with, by the flags: x RMSNorm'd first (NORM: the row statistics gathered in
     the same pass over K and applied to the product, which they scale row by row); SiLU(x @ Wg^T) *
     (x @ Wu^T) (GATED: W = [Wg; Wu] is [2N, K]); plus res [M, N] (RESIDUAL). Products are rounded to
     the dtype before the activation and the residual, as torch rounds its GEMM outputs.
+
+    SWAP computes the transposed products (W @ x^T), the weight tile as the MMA's first operand, which
+    takes a wider tile than the few rows of x.
 
     SPLIT > 1 splits K over that many programs per output tile (program axis 2), so that a GEMM of few
     column tiles still has a program on every multiprocessor: each writes its fp32 partial sums to the
@@ -72,12 +87,16 @@ def _gemm_kernel(
     row_ok = rows < M
     n_ok = n < N
     dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP:  # the products transposed, [N, M]: the weight tile is the MMA's wide operand
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)
     PART: tl.constexpr = K // SPLIT  # the caller makes it a multiple of BLOCK_K
-    for k0 in range(split * PART, split * PART + PART, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(0, PART, BLOCK_K):
+        cols = split * PART + k0 + tl.arange(0, BLOCK_K)
         k_ok = cols < K
         x = tl.load(
             x_ptr + rows[:, None] * K + cols[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0
@@ -86,11 +105,12 @@ def _gemm_kernel(
             xf = x.to(tl.float32)
             ss += tl.sum(xf * xf, axis=1)
             x = (xf * tl.load(norm_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(dt)
-        w_ok = k_ok[:, None] & n_ok[None, :]
-        acc = _dot(x, tl.load(w_ptr + n[None, :] * K + cols[:, None], mask=w_ok, other=0.0), acc, F32)
+        acc = _mac(x, w_ptr, n, cols, n_ok, k_ok, acc, K, SWAP, F32)
         if GATED:
-            wu = tl.load(w_ptr + (N + n[None, :]) * K + cols[:, None], mask=w_ok, other=0.0)
-            up = _dot(x, wu, up, F32)
+            up = _mac(x, w_ptr + N * K, n, cols, n_ok, k_ok, up, K, SWAP, F32)
+    if SWAP:
+        acc = tl.trans(acc)
+        up = tl.trans(up)
     if SPLIT == 1:
         _gemm_epilogue(acc, up, ss, rows, n, row_ok, n_ok, res_ptr, out_ptr, eps, N, K, NORM, GATED, RESIDUAL)
     else:
@@ -264,8 +284,9 @@ class KernelLayer:
 @dataclass(frozen=True)
 class Tiles:
     """The GEMM kernels' tiling: output columns per program (>= 16), the K step, pipeline depth, warps,
-    and how many programs a GEMM should have at least (`programs`): one of few column tiles splits K
-    over up to `max_split` programs per tile to get there (0: never split). Small column tiles and
+    how many programs a GEMM should have at least (`programs`): one of few column tiles splits K
+    over up to `max_split` programs per tile to get there (0: never split); `swap`: the products
+    computed transposed (see `_gemm_kernel`). Small column tiles and
     split K: at a few dozen rows a GEMM is a weight read, fast only when spread over every
     multiprocessor (132 on the H200)."""
 
@@ -275,6 +296,7 @@ class Tiles:
     warps: int = 4
     programs: int = 128
     max_split: int = 8
+    swap: bool = False
 
     def split(self, tiles: int, k: int) -> int:
         """K splits for a GEMM of `tiles` output tiles over K: the fewest (a power of two) that give
@@ -353,7 +375,7 @@ class LayerKernels:
         _gemm_kernel[(grid_n, grid_m, split)](
             x, norm_w, weight, residual if residual is not None else x, out, ws, self._sem, m, eps,
             N=n, K=k, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None,
-            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT=split, F32=self.f32,
+            BLOCK_M=bm, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT=split, SWAP=t.swap, F32=self.f32,
             num_warps=t.warps, num_stages=t.stages,
         )  # fmt: skip
         return out

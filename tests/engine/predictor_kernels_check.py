@@ -123,7 +123,9 @@ def gemms(size: str, device: str, rows: tuple[int, ...], tiles: Tiles) -> dict[s
     dev = torch.device(device)
     positions = torch.zeros(1, 32, device=dev)
     split_run = LayerKernels(positions, positions, tiles)
-    whole_run = LayerKernels(positions, positions, Tiles(tiles.block_n, tiles.block_k, max_split=1))
+    whole_run = LayerKernels(
+        positions, positions, Tiles(tiles.block_n, tiles.block_k, max_split=1, swap=tiles.swap)
+    )
     errors: dict[str, float] = {}
     split_vs_whole: dict[str, float] = {}
     splits: dict[str, int] = {}
@@ -157,9 +159,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=3)
     parser.add_argument("--gemms", action="store_true", help="the layer's GEMMs alone, K split and not")
+    parser.add_argument("--swap", action="store_true", help="the GEMMs' products transposed (Tiles.swap)")
     args = parser.parse_args()
     if args.gemms:
-        tiles = Tiles(block_n=16, block_k=16, programs=64, max_split=4)  # splits the small GEMMs too
+        tiles = Tiles(block_n=16, block_k=16, programs=64, max_split=4, swap=args.swap)  # splits small GEMMs
         print(gemms("small", args.device, (1, 5, 20), tiles))
     else:
         print(compare(not args.full, args.device, args.batch))

@@ -59,8 +59,9 @@ def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:
     _check(_interpret("--batch", "8"), 0.03)
 
 
-def test_gemms_split_over_k_match_torch_under_the_interpreter() -> None:
-    _check_gemms(_interpret("--gemms"), split=True)
+@pytest.mark.parametrize("swap", [False, True], ids=["products", "transposed-products"])
+def test_gemms_split_over_k_match_torch_under_the_interpreter(swap: bool) -> None:
+    _check_gemms(_interpret("--gemms", *(["--swap"] if swap else [])), split=True)
 
 
 def test_unsupported_layers_are_refused_when_kernels_are_required() -> None:
@@ -104,11 +105,12 @@ def test_kernels_match_the_torch_layers_at_full_size_on_cuda() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_full_size_gemms_with_the_default_tiles_match_torch_on_cuda() -> None:
+@pytest.mark.parametrize("swap", [False, True], ids=["products", "transposed-products"])
+def test_full_size_gemms_match_torch_on_cuda(swap: bool) -> None:
     from omnivoice.runners.predictor_kernels import Tiles
     from tests.engine.predictor_kernels_check import gemms
 
-    result = gemms("full", "cuda", (1, 8, 32), Tiles())
+    result = gemms("full", "cuda", (1, 8, 32), Tiles(block_n=64, swap=True) if swap else Tiles())
     _check_gemms(result, split=False)
     splits = result["splits"]
     assert isinstance(splits, dict) and splits["o m=32"] > 1 and splits["down m=32"] > 1, result
