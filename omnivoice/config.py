@@ -129,8 +129,9 @@ class TalkerStage(StageConfig):
     predictor_kernels: bool | None = Field(
         None,
         description="the code predictor's layers as Triton kernels, five per layer with the norms, rope, "
-        "KV writes and residuals fused in (a frame 8-15% faster on the H200; its 15 passes are bound by "
-        "kernel latency). Default "
+        "KV writes and residuals fused in, and each step's sampling and embedding gather as one kernel "
+        "(a frame 2.97 ms at batch 1 and 3.67 ms at batch 32 on the H200, against 5.13 and 5.56 ms for "
+        "the compiled torch layers). Default "
         "(null): on for CUDA devices where Triton is installed and the model is bfloat16 or float16; "
         "true: required (an error otherwise); false: the torch layers",
     )

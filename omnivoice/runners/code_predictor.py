@@ -6,9 +6,9 @@ bucket (`StepGraphs`). Every row of a frame sits at the same positions, so row b
 slot b of a scratch cache that lives for one frame.
 
 On CUDA devices with Triton, the layers run as `predictor_kernels` (five kernels a layer instead of
-~14 torch kernels; a frame 8-15% faster on the H200), and each step's sampling and embedding gather
-as one `residual_code_kernel` instead of ~17 torch kernels. The frame's 75 layer passes are bound by
-kernel latency, not by arithmetic or memory: it is most of a talker step's time.
+~14 torch kernels), and each step's sampling and embedding gather as one `residual_code_kernel`
+instead of ~17 torch kernels: a frame 2.97 ms at batch 1 and 3.67 ms at batch 32 on the H200, against
+5.13 and 5.56 ms with the compiled torch layers. It is still the largest part of a talker step.
 """
 
 from __future__ import annotations

@@ -21,8 +21,12 @@ GEMM's output by each row's 1/RMS (the statistics gathered in the same pass) and
 So results match the torch layers to the dtype's rounding, not bit for bit; the engine's graphed and
 eager runs both use these kernels, so those two agree exactly.
 
-Measured on the H200 (BENCHMARKS.md, issue 8 step 6): a frame 8-15% faster than the compiled torch
-layers; each kernel takes ~10 us, bound by its chain of dependent loads rather than by bandwidth.
+At a few dozen rows a GEMM is a weight read, fast only when every multiprocessor has loads in
+flight: the default tiling computes the products transposed (the weight tile the MMA's wide operand)
+and splits K over several programs for GEMMs of few column tiles. Measured on the H200 (BENCHMARKS.md,
+issue 8 step 7), with `residual_code_kernel` for the sampling: a frame 2.97 ms at batch 1 and 3.67 ms
+at batch 32, against 5.13 and 5.56 ms for the compiled torch layers; the GEMMs take 5-9 us each (the
+first version's, unsplit and untransposed: ~10 us, bound by too few programs' dependent loads).
 """
 
 from __future__ import annotations
@@ -290,13 +294,14 @@ class Tiles:
     split K: at a few dozen rows a GEMM is a weight read, fast only when spread over every
     multiprocessor (132 on the H200)."""
 
-    block_n: int = 32  # the best of 16/32/64 x 64/128/256 on the H200 (BENCHMARKS.md, issue 8 step 6)
-    block_k: int = 128
+    # the defaults: the best frame of six tilings on the H200 (BENCHMARKS.md, issue 8 step 7)
+    block_n: int = 64
+    block_k: int = 64
     stages: int = 4
     warps: int = 4
     programs: int = 128
     max_split: int = 8
-    swap: bool = False
+    swap: bool = True
 
     def split(self, tiles: int, k: int) -> int:
         """K splits for a GEMM of `tiles` output tiles over K: the fewest (a power of two) that give
