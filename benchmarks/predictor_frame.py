@@ -29,7 +29,11 @@ from tests.engine.predictor_kernels_check import GEMMS, build, compare, inputs
 def replay_ms(predictor: CodePredictor, batch: int, hidden: int, replays: int) -> float:
     with torch.inference_mode():
         predictor.predict(**inputs(batch, hidden, "cuda"))  # capture
-    graph = predictor.run.captured[batch].graph
+    return graph_ms(predictor.run.captured[batch].graph, replays)
+
+
+def graph_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Milliseconds a replay of `graph`, over `replays` replays after a few untimed ones (CUDA events)."""
     for _ in range(5):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -65,16 +69,8 @@ def gemm_us(run: LayerKernels, batch: int, replays: int) -> dict[str, float]:
         with torch.cuda.graph(graph):
             for _ in range(20):
                 run._gemm(x, weight, **kwargs)
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times[f"{name} {n}x{k} split {run.tiles.split(-(-n // run.tiles.block_n), k)}"] = round(
-            start.elapsed_time(end) * 1000 / replays / 20, 2
-        )
+        split = run.tiles.split(-(-n // run.tiles.block_n) * -(-batch // 64), k)  # tiles of <= 64 rows
+        times[f"{name} {n}x{k} split {split}"] = round(graph_ms(graph, replays) * 1000 / 20, 2)
     return times
 
 

@@ -6,18 +6,12 @@ compiles the kernels, at import); on CUDA at the full Qwen3-Omni size, eagerly a
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from tests.engine.interpreted import interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("triton")
 
 
 def _check(result: dict[str, object], tolerance: float) -> None:
@@ -42,17 +36,7 @@ def _check_gemms(result: dict[str, object], split: bool) -> None:
 
 
 def _interpret(*args: str) -> dict[str, object]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.engine.predictor_kernels_check", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    return interpreted("predictor_kernels_check", *args)
 
 
 def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:

@@ -7,33 +7,17 @@ figures); on CUDA at the full code-predictor size, eagerly and replayed from a C
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from tests.engine.interpreted import interpreted as run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("triton")
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.engine.residual_code_check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    return run_interpreted("residual_code_check")
 
 
 def _agrees(result: dict) -> None:
