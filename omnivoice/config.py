@@ -145,6 +145,17 @@ class StagesConfig(_Strict):
     thinker: ThinkerStage = ThinkerStage()
     talker: TalkerStage = TalkerStage()
     code2wav: Code2WavStage = Code2WavStage()
+    warm_burst: bool | None = Field(
+        None,
+        description="before serving, one burst of short requests as wide as the narrowest stage's "
+        "max_batch, so that the first full batch of prompts does not pay first-time costs (allocator "
+        "growth, kernel set-up for new shapes) while users wait. Default (null): on when the thinker "
+        "runs on a CUDA device",
+    )
+
+    def warms_burst(self) -> bool:
+        """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""
+        return self.thinker.device.startswith("cuda") if self.warm_burst is None else self.warm_burst
 
     def stage(self, name: str) -> StageConfig:
         """The settings of stage `name` (thinker, talker or code2wav)."""

@@ -116,16 +116,14 @@ def _progress(quiet: bool, records: Path | None):
 
 
 def _newline_id(source: Any) -> int:
-    from omnivoice.models.dummy import NEWLINE_ID, DummySource
+    from omnivoice.models.dummy import DummySource
+    from omnivoice.models.token_prompt import newline_id
 
     if isinstance(source, DummySource):
-        return NEWLINE_ID
+        return newline_id(None)
     from transformers import AutoTokenizer
 
-    ids = AutoTokenizer.from_pretrained(source, local_files_only=True).encode("\n", add_special_tokens=False)
-    if len(ids) != 1:
-        raise ValueError(f"the tokenizer of {source} encodes a newline as {ids}, not one token")
-    return int(ids[0])
+    return newline_id(AutoTokenizer.from_pretrained(source, local_files_only=True))
 
 
 def _software() -> dict[str, str]:

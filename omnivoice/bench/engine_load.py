@@ -21,6 +21,8 @@ import numpy as np
 from omnivoice.bench.metrics import RequestRecord
 from omnivoice.config import Profile, SamplingDefaults
 from omnivoice.engine.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
+from omnivoice.models import token_prompt
+from omnivoice.models.token_prompt import CHAT_LAYOUT_IDS, text_ids
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine
@@ -64,15 +66,10 @@ STATS_POLL_S = 0.05
 
 def chat_prompt(spec: ModelSpec, n_tokens: int, rng: np.random.Generator, newline_id: int) -> Prompt:
     """`<|im_start|>user\\n{random text ids}<|im_end|>\\n<|im_start|>assistant\\n`, n_tokens long in all."""
-    head = [spec.im_start_id, spec.user_id, newline_id]
-    tail = [spec.im_end_id, newline_id, spec.im_start_id, spec.assistant_id, newline_id]
-    body = n_tokens - len(head) - len(tail)
+    body = n_tokens - CHAT_LAYOUT_IDS
     if body < 1:
-        raise ValueError(f"a chat prompt needs at least {len(head) + len(tail) + 1} tokens, not {n_tokens}")
-    # plain text ids: everything below the first special token (<|endoftext|> / <|im_start|>)
-    text_end = min(spec.im_start_id, *spec.thinker_eos_ids)
-    ids = rng.integers(0, text_end, size=body).tolist()
-    return Prompt(input_ids=tuple(head + ids + tail))
+        raise ValueError(f"a chat prompt needs at least {CHAT_LAYOUT_IDS + 1} tokens, not {n_tokens}")
+    return token_prompt.chat_prompt(spec, text_ids(spec, body, rng), newline_id)
 
 
 def _fixed(d: SamplingDefaults, tokens: int, seed: int | None) -> Sampling:

@@ -40,9 +40,11 @@ from omnivoice.engine.types import (
     TextDelta,
     Usage,
 )
+from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.models.dummy import DummySource, dummy_spec
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
+from omnivoice.models.token_prompt import newline_id
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,14 @@ class Engine:
         log.info("starting stages for %s", path)
         pipeline = Pipeline.start(profile, path)
         log.info("all stages ready")
-        return cls(profile, spec, builder, tokenizer, pipeline, source=path)
+        engine = cls(profile, spec, builder, tokenizer, pipeline, source=path)
+        if profile.stages.warms_burst():
+            try:
+                warm_burst(engine, newline_id(tokenizer))
+            except BaseException:
+                run_apart(engine.close())
+                raise
+        return engine
 
     @property
     def restarting(self) -> bool:
