@@ -155,7 +155,9 @@ class StagesConfig(_Strict):
 
     def warms_burst(self) -> bool:
         """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""
-        return self.thinker.device.startswith("cuda") if self.warm_burst is None else self.warm_burst
+        if self.warm_burst is not None:
+            return self.warm_burst
+        return any(d.startswith("cuda") for d in (self.thinker.device, *(self.thinker.devices or ())))
 
     def stage(self, name: str) -> StageConfig:
         """The settings of stage `name` (thinker, talker or code2wav)."""

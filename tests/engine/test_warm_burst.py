@@ -26,6 +26,8 @@ def test_the_burst_is_on_by_default_only_for_a_cuda_thinker() -> None:
     cuda = {**STAGE, "device": "cuda:0"}
     assert parse_profile(_profile(thinker=cuda)).stages.warms_burst()
     assert not parse_profile(_profile(thinker=cuda, warm_burst=False)).stages.warms_burst()
+    replicas = {**STAGE, "replicas": 2, "devices": ["cuda:0", "cuda:1"]}
+    assert parse_profile(_profile(thinker=replicas)).stages.warms_burst()
     assert parse_profile(_profile(warm_burst=True)).stages.warms_burst()
 
 
