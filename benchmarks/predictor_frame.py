@@ -69,7 +69,7 @@ def gemm_us(run: LayerKernels, batch: int, replays: int) -> dict[str, float]:
         with torch.cuda.graph(graph):
             for _ in range(20):
                 run._gemm(x, weight, **kwargs)
-        split = run.tiles.split(-(-n // run.tiles.block_n) * -(-batch // 64), k)  # tiles of <= 64 rows
+        split = run.tiles.grid(batch, n, k)[2]
         times[f"{name} {n}x{k} split {split}"] = round(graph_ms(graph, replays) * 1000 / 20, 2)
     return times
 

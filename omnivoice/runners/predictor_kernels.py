@@ -315,6 +315,11 @@ class Tiles:
             split *= 2
         return split
 
+    def grid(self, m: int, n: int, k: int) -> tuple[int, int, int]:
+        """The programs of a GEMM of m rows, n columns and depth k: column tiles, row tiles, K splits."""
+        grid_n, grid_m = triton.cdiv(n, self.block_n), triton.cdiv(m, _block_m(m))
+        return grid_n, grid_m, self.split(grid_n * grid_m, k)
+
 
 class LayerKernels:
     """Runs dense decoder layers over flat rows with the five kernels (see the module docstring)."""
@@ -369,8 +374,7 @@ class LayerKernels:
         n = weight.shape[0] // 2 if gated else weight.shape[0]
         out = x.new_empty(m, n)
         bm, t = _block_m(m), self.tiles
-        grid_n, grid_m = triton.cdiv(n, t.block_n), triton.cdiv(m, bm)
-        split = t.split(grid_n * grid_m, k)
+        grid_n, grid_m, split = t.grid(m, n, k)
         if grid_n * grid_m > self._sem.numel():
             raise ValueError(f"a GEMM of {grid_n * grid_m} tiles (at most {self._sem.numel()})")
         ws = out  # unused unless split

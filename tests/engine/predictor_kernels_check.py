@@ -145,8 +145,7 @@ def gemms(size: str, device: str, rows: tuple[int, ...], tiles: Tiles) -> dict[s
             key = f"{name} m={m}"
             errors[key] = float((got.float() - want).norm() / want.norm())
             split_vs_whole[key] = float((got.float() - whole.float()).norm() / whole.float().norm())
-            bm = min(64, max(16, 1 << (m - 1).bit_length()))
-            splits[key] = tiles.split(-(-n // tiles.block_n) * -(-m // bm), k)
+            splits[key] = tiles.grid(m, n, k)[2]
     return {"gemm_rel_errors": errors, "split_vs_whole": split_vs_whole, "splits": splits,
             "counts_clear": clear, "repeatable": repeatable}  # fmt: skip
 
