@@ -24,8 +24,8 @@ from omnivoice.runners.fused_layers import CompiledFn
 from omnivoice.runners.graphs import StepGraphs
 
 # transformers' generate() samples the residual codebooks with these when the talker samples
-_TOP_K = 50
-_TOP_P = 0.8
+TOP_K = 50
+TOP_P = 0.8
 
 log = logging.getLogger(__name__)
 
@@ -210,10 +210,10 @@ def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor)
     temperature 1, drawn by inverse CDF with the row's uniform `u` [B]. Device ops only, on the 50
     best codes rather than the whole codebook (a handful of tiny kernels per code)."""
     scores = logits.float()
-    top, index = torch.topk(scores, min(_TOP_K, scores.shape[-1]), dim=-1)  # descending
+    top, index = torch.topk(scores, min(TOP_K, scores.shape[-1]), dim=-1)  # descending
     top, index = top.flip(-1), index.flip(-1)  # ascending, as transformers' top-p sorts
     cum = top.softmax(-1).cumsum(-1)
-    drop = cum <= (1 - _TOP_P)
+    drop = cum <= (1 - TOP_P)
     drop[:, -1] = False  # always keep the most likely code
     cdf = top.masked_fill(drop, float("-inf")).softmax(-1).cumsum(-1)  # [B, K]
     pick = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)

@@ -25,8 +25,8 @@ neighbouring code; everything else matches `sample_residual` exactly. Among equa
 order is unspecified; here the smaller index counts as the more likely, for greedy and sampled rows.
 
 Measured on the H200 at V = 2048, H = 1024 (from CUDA graphs): a step 9-10 us instead of 51-69 us
-(GEMM ~3.7 us, this kernel 5.6-6.6 us), a whole frame with the layer kernels 3.37 / 3.45 / 4.01 ms
-instead of 4.16 / 4.41 / 4.95 ms at batch 1 / 8 / 32.
+(GEMM ~3.7 us, this kernel 5.6-6.6 us), a whole frame with the layer kernels (their 32 x 128 split
+tiling of that run) 3.37 / 3.45 / 4.01 ms instead of 4.16 / 4.41 / 4.95 ms at batch 1 / 8 / 32.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-# as code_predictor's: transformers' generate() samples the residual codebooks with these
-_TOP_K = 50
-_TOP_P = 0.8
+from omnivoice.runners.code_predictor import TOP_K, TOP_P
+
 _BLOCK_H = 256  # embedding columns copied per loop iteration
 
 
@@ -145,10 +144,10 @@ def sample_embed(
         raise ValueError(f"logits and table rows must be contiguous, of 2 codes or more (V = {v})")
     code = torch.empty(b, dtype=torch.int64, device=logits.device) if code_out is None else code_out
     embed = table.new_empty(b, h)
-    k = min(_TOP_K, v)
+    k = min(TOP_K, v)
     _residual_code_kernel[(b,)](
         logits, logits.stride(0), u, u.stride(0), greedy, greedy.stride(0), table, table.stride(0),
-        code, code.stride(0), embed, embed.stride(0), V=v, H=h, K=k, TOP_P=_TOP_P,
+        code, code.stride(0), embed, embed.stride(0), V=v, H=h, K=k, TOP_P=TOP_P,
         LOG_V=_log2(v), LOG_T=_log2(k), BLOCK_H=min(_BLOCK_H, triton.next_power_of_2(h)),
         BF16=logits.dtype == torch.bfloat16 and v <= 2**16, num_warps=4,
     )  # fmt: skip
