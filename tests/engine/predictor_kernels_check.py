@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -123,9 +124,7 @@ def gemms(size: str, device: str, rows: tuple[int, ...], tiles: Tiles) -> dict[s
     dev = torch.device(device)
     positions = torch.zeros(1, 32, device=dev)
     split_run = LayerKernels(positions, positions, tiles)
-    whole_run = LayerKernels(
-        positions, positions, Tiles(tiles.block_n, tiles.block_k, max_split=1, swap=tiles.swap)
-    )
+    whole_run = LayerKernels(positions, positions, dataclasses.replace(tiles, max_split=1))
     errors: dict[str, float] = {}
     split_vs_whole: dict[str, float] = {}
     splits: dict[str, int] = {}
