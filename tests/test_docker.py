@@ -1,6 +1,6 @@
 """docker/: the compose file is well-formed and points at what exists, and the images install and
-serve what the README and .ci/run say. (hadolint lints the Dockerfiles in .ci/run; no Docker engine
-runs in CI, so nothing here builds an image.)"""
+serve what the README, docs/deployment.md and .ci/run say. (hadolint lints the Dockerfiles in
+.ci/run; no Docker engine runs in CI, so nothing here builds an image.)"""
 
 from __future__ import annotations
 
@@ -92,9 +92,9 @@ def test_compose_runs_the_cuda_image_on_a_reserved_gpu_with_the_checkpoint_read_
     assert svc["environment"]["OMNIVOICE_API_KEY"].startswith("${OMNIVOICE_API_KEY:?")
 
 
-def test_readme_container_commands_name_the_files_there_are() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Containers", 1)[1].split("\n## ", 1)[0]
+def test_documented_container_commands_name_the_files_there_are() -> None:
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    section = page.split("## Containers", 1)[1].split("\n## ", 1)[0]
     for line in section.splitlines():
         if line.startswith(("docker build", "docker compose", "OMNIVOICE_CHECKPOINT=")):
             argv = shlex.split(line.split("#")[0])

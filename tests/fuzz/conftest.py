@@ -1,8 +1,8 @@
 """Hypothesis profiles for the fuzz tests, chosen with HYPOTHESIS_PROFILE (default `ci`).
 
 `ci`: a moderate number of examples, so the whole folder runs in about a minute on two cores.
-`long`: a standalone fuzzing run, a hundred times the examples of `ci` (see the README's testing
-section). No deadline in either: a slow example on a loaded machine is not a failure.
+`long`: a standalone fuzzing run, a hundred times the examples of `ci` (see docs/development.md,
+Fuzzing). No deadline in either: a slow example on a loaded machine is not a failure.
 """
 
 from __future__ import annotations
