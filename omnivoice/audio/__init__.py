@@ -1,4 +1,7 @@
-"""Audio helpers: WAV/PCM codecs for the HTTP layer (pure numpy, no native audio libraries)."""
+"""Audio codecs and streams: WAV and raw PCM16 (wav, re-exported here), G.711 u-law / A-law (g711),
+the realtime wire formats (formats), a streaming resampler (resample, soxr) and Silero VAD (vad,
+onnxruntime). Only the numpy-only WAV codec is imported here, so importing the package loads neither
+soxr nor onnxruntime."""
 
 from omnivoice.audio.wav import (
     AudioDecodeError,
