@@ -11,12 +11,7 @@ ratios are the real ones so the engine's shapes and stop logic are exercised as 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import os
-import shutil
-import tempfile
-import time
 from pathlib import Path
 from types import MappingProxyType
 
@@ -30,9 +25,8 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
+from omnivoice.models.build_cache import build_once
 from omnivoice.models.tiny_corpus import CORPUS
-
-logger = logging.getLogger(__name__)
 
 TINY_VERSION = "tiny-v1"  # bump whenever the recipe below changes: cached builds are keyed by it
 TEXT_VOCAB_SIZE = 1024
@@ -68,8 +62,8 @@ SPEAKER_IDS = MappingProxyType({"chelsie": 2301, "ethan": 2302, "aiden": 2303})
 AUDIBLE_PEAK = 0.3  # target peak of the vocoder's output on random codes, see _make_audible
 
 
-def build_tiny_tokenizer() -> Qwen2Tokenizer:
-    """Train a 1024-token byte-level BPE (Qwen2 pre-tokenizer) on the built-in corpus, offline."""
+def train_corpus_bpe(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE with Qwen2's normalizer and pre-tokenizer, trained on the built-in corpus."""
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
@@ -79,11 +73,15 @@ def build_tiny_tokenizer() -> Qwen2Tokenizer:
         ]
     )
     trainer = trainers.BpeTrainer(
-        vocab_size=TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
     bpe.train_from_iterator(CORPUS.split("\n\n"), trainer=trainer)
+    return bpe
+
+
+def build_tiny_tokenizer() -> Qwen2Tokenizer:
+    """Train a 1024-token byte-level BPE (Qwen2 pre-tokenizer) on the built-in corpus, offline."""
+    bpe = train_corpus_bpe(TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS))
     vocab = bpe.get_vocab()
     first_special = TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS)
     if len(vocab) != first_special:
@@ -253,32 +251,11 @@ def build_tiny_checkpoint(path: Path, seed: int = 0) -> None:
 def ensure_tiny_checkpoint(cache_dir: Path | None = None) -> Path:
     """Return the cached tiny checkpoint's folder, building it on first use.
 
-    It lives in `<cache_dir>/tiny-v1` (default cache dir: ~/.cache/omnivoice). The build goes to a
-    temporary sibling folder renamed into place, so a reader never sees a half-written checkpoint and
-    processes racing to build it both end up with one complete copy. Within one process, build from one
-    thread at a time: model init draws from torch's global RNG.
+    It lives in `<cache_dir>/tiny-v1` (default cache dir: ~/.cache/omnivoice), written as
+    `build_cache.build_once` writes (whole or not at all, one copy when processes race). Within one
+    process, build from one thread at a time: model init draws from torch's global RNG.
     """
-    cache_dir = Path(cache_dir) if cache_dir is not None else Path.home() / ".cache" / "omnivoice"
-    target = cache_dir / TINY_VERSION
-    if (target / "config.json").is_file():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{TINY_VERSION}-", dir=cache_dir))
-    try:
-        logger.info("building tiny Qwen3-Omni checkpoint into %s", target)
-        started = time.perf_counter()
-        build_tiny_checkpoint(staging)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / "config.json").is_file():
-                raise
-            logger.info("another process built %s first; using its copy", target)
-        else:
-            logger.info("built tiny checkpoint in %.1f s", time.perf_counter() - started)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return build_once(cache_dir, TINY_VERSION, "config.json", build_tiny_checkpoint)
 
 
 # Training text for the tiny BPE. Dialogue turns start their own lines on purpose: that is how the
