@@ -183,7 +183,11 @@ class ModelConfig(_Strict):
         description="local Hugging Face checkpoint folder, or dummy:<name> (random weights, full size); "
         "null builds the tiny embedded default",
     )
-    cache_dir: str | None = Field(None, description="where the embedded default is built (default ~/.cache)")
+    cache_dir: str | None = Field(
+        None,
+        description="where the embedded default and a dummy model's tokenizer are built "
+        "(default ~/.cache/omnivoice)",
+    )
     served_name: str = "omnivoice"
     default_voice: str = "ethan"
     system_prompt: str | None = None

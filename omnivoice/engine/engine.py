@@ -42,6 +42,7 @@ from omnivoice.engine.types import (
 )
 from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.models.dummy import DummySource, dummy_spec
+from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 from omnivoice.models.token_prompt import newline_id
@@ -100,16 +101,15 @@ class Engine:
     def start_sync(cls, profile: Profile, source: Path | DummySource | None = None) -> Engine:
         """Start the stages of `profile` on `source` (default: the profile's model.path)."""
         path = resolve_model_path(profile) if source is None else source
-        builder: PromptBuilder | None = None
-        tokenizer = None
-        if isinstance(path, DummySource):  # no tokenizer: callers send token ids (Prompt) directly
+        if isinstance(path, DummySource):  # random weights; a tokenizer of the real vocabulary's layout
             spec = dummy_spec(path)
+            tokenizer, feature_extractor = load_dummy_processor_parts(profile.model.cache_dir)
         else:
             tokenizer, feature_extractor = load_processor_parts(path)
             spec = ModelSpec.from_pretrained(path)
-            builder = PromptBuilder(
-                tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
-            )
+        builder = PromptBuilder(
+            tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
+        )
         log.info("starting stages for %s", path)
         pipeline = Pipeline.start(profile, path)
         log.info("all stages ready")
@@ -129,7 +129,7 @@ class Engine:
 
     @property
     def tokenizer(self):
-        """The checkpoint's tokenizer; None for a dummy model (requests then carry token ids)."""
+        """The model's tokenizer (a dummy model's is built from code: see models/dummy_tokenizer.py)."""
         return self._tokenizer
 
     def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:

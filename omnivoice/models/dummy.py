@@ -4,9 +4,11 @@
 
 builds Qwen3-Omni-30B-A3B-Instruct (every config value of the public checkpoint, 35B params) straight on
 the first stage's device in that stage's dtype, in seconds, so the GPU path can be benchmarked at real
-size without the 66 GB download. There is no tokenizer: requests carry token ids (see
-`omnivoice bench engine`). The weights are transformers' own init (normal, std = initializer_range),
-seeded; outputs are meaningless, shapes and costs are the real model's.
+size without the 66 GB download. Its tokenizer and log-mel feature extractor are built from code with
+the real vocabulary's layout and ids (models/dummy_tokenizer.py), so the server serves it like the
+checkpoint (chat, realtime, Twilio, WebRTC); `omnivoice bench engine` drives it with token ids. The
+weights are transformers' own init (normal, std = initializer_range), seeded; outputs are meaningless
+(gibberish text, near-silent audio), shapes and costs are the real model's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Chat prompts made of token ids directly, for loads that need no text: benchmarks and warm-ups.
 
-A dummy model has no tokenizer, so its requests carry token ids; a checkpoint's tokenizer is asked
-only for the newline id of the chat layout.
+Requests carry token ids, so no text is encoded; a checkpoint's tokenizer is asked only for the
+newline id of the chat layout (a dummy model's is known without one).
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ async def test_the_burst_runs_a_batch_through_every_stage_then_the_engine_serves
     assert isinstance(outputs[-1], Finished) and outputs[-1].finish_reason == "length"
 
 
-def test_a_failed_burst_stops_the_stages_and_fails_the_start(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_burst_stops_the_stages_and_fails_the_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """A burst request that fails (here one longer than the thinker's context: the engine's own refusal)
     fails the start with what went wrong, and the stages it started are stopped."""
     made = warm_burst.burst_requests
@@ -71,7 +73,8 @@ def test_a_failed_burst_stops_the_stages_and_fails_the_start(monkeypatch: pytest
     monkeypatch.setattr(warm_burst, "burst_requests", too_long)
     before = _stage_threads()
     source = DummySource("qwen3-omni-30b-a3b", overrides=REDUCED)
+    profile = parse_profile({**_profile(warm_burst=True), "model": {"cache_dir": str(tmp_path)}})
     failed = r"the warm-up burst failed \(1 of 3\): warm-burst-too-long: error"
     with pytest.raises(RuntimeError, match=failed):
-        Engine.start_sync(parse_profile(_profile(warm_burst=True)), source=source)
+        Engine.start_sync(profile, source=source)
     assert _stage_threads() <= before
