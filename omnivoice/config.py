@@ -305,6 +305,13 @@ class AuthConfig(_Strict):
         default_factory=list,
         description="browser origins (scheme://host[:port]) allowed besides the server's own; '*' for any",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="host names (no port) the server answers to besides localhost, IP addresses, the host "
+        "it is bound to, telephony.public_url's and allowed_origins' hosts: without a key other Hosts get "
+        "421, with one their pages are not same-origin (DNS rebinding). '*': any (only behind a proxy "
+        "that checks Host)",
+    )
     allow_unauthenticated_remote: bool = Field(
         default=False,
         description="with no key configured, still bind a non-loopback host (anyone can use it)",
@@ -325,6 +332,14 @@ class AuthConfig(_Strict):
             if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
                 raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], no path) or '*'")
         return [o.lower() for o in origins]
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_hosts(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if host != "*" and not re.fullmatch(r"[A-Za-z0-9_.-]+", host):
+                raise ValueError(f"{host!r} is not a host name (no scheme, port or path) or '*'")
+        return [h.lower() for h in hosts]
 
 
 class RayConfig(_Strict):

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import uvicorn
 from starlette.applications import Starlette
@@ -50,13 +51,19 @@ _QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes: logged at debug le
 
 
 def create_app(
-    profile: Profile, engine_factory: EngineFactory = start_default_engine, *, api_keys: ApiKeys | None = None
+    profile: Profile,
+    engine_factory: EngineFactory = start_default_engine,
+    *,
+    api_keys: ApiKeys | None = None,
+    host: str | None = None,
 ) -> Starlette:
     """Build the app. The engine is started by the lifespan (in the background) and closed at shutdown.
 
     `engine_factory(profile)` must return an object with the `Engine` interface; the default is
     `omnivoice.engine.engine.Engine.start`, imported only when the app starts. `api_keys` default to
     `ApiKeys.load(profile.auth)` ($OMNIVOICE_API_KEY and auth.api_key_file; KeyConfigError if unreadable).
+    `host` is the address it is served on (default server.host): a host name there is one it answers to,
+    as is telephony.public_url's.
     """
     keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
     lifecycle = EngineLifecycle(profile, engine_factory)
@@ -65,7 +72,8 @@ def create_app(
     realtime = RealtimeService(profile.realtime)
     timeout = profile.realtime.webrtc_connect_timeout_s
     calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=timeout, drain=drain)
-    auth = Auth(profile.auth, keys, realtime.secrets)
+    own_hosts = [host or profile.server.host, urlsplit(profile.telephony.public_url or "").hostname or ""]
+    auth = Auth(profile.auth, keys, realtime.secrets, own_hosts=own_hosts)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -138,7 +146,7 @@ async def run_server(
     check_bind(host, keys, profile.auth, insecure_no_auth)
     redact_logs(keys.secrets())
     _log_auth(keys, host)
-    app = create_app(profile, engine_factory, api_keys=keys)
+    app = create_app(profile, engine_factory, api_keys=keys, host=host)
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
         lifespan="on", timeout_graceful_shutdown=10,

@@ -21,7 +21,7 @@ from omnivoice.config import AuthConfig
 from omnivoice.server.auth.failures import AuthFailures
 from omnivoice.server.auth.keys import ANONYMOUS, ApiKeys
 from omnivoice.server.auth.limits import KeyLimits
-from omnivoice.server.auth.origins import OriginPolicy
+from omnivoice.server.auth.origins import HostPolicy, OriginPolicy
 from omnivoice.server.auth.principal import Principal
 from omnivoice.server.auth.stream_tokens import StreamTokens
 from omnivoice.server.errors import APIError
@@ -36,12 +36,16 @@ SECRET_PATHS = ("/v1/realtime", "/v1/realtime/calls")
 
 
 class Auth:
-    """App-wide: the keys, the client-secret store, origins, per-key limits, Twilio stream tokens."""
+    """App-wide: the keys, the client-secret store, hosts and origins, per-key limits, Twilio stream
+    tokens. `own_hosts`: the server's own names (the host it is bound to, its public URL's)."""
 
-    def __init__(self, config: AuthConfig, keys: ApiKeys, secrets: ClientSecrets) -> None:
+    def __init__(
+        self, config: AuthConfig, keys: ApiKeys, secrets: ClientSecrets, own_hosts: Sequence[str] = ()
+    ) -> None:
         self.config = config
         self.keys = keys
         self.secrets = secrets
+        self.hosts = HostPolicy(config.allowed_hosts, config.allowed_origins, own_hosts)
         self.origins = OriginPolicy(config.allowed_origins)
         self.limits = KeyLimits(config.rate_limit)
         self.failures = AuthFailures(config.max_failed_auth_per_minute)

@@ -1,8 +1,9 @@
 """The ASGI middleware that runs the auth policy (guard.Auth) before any route, HTTP or WebSocket:
-origin check (403), CORS preflight and headers for allowed other origins, the API key or client
-secret (401; an address with too many failed attempts gets 429 first), and, for HTTP, the key's
-request rate (429). A WebSocket is refused before its handshake completes (an HTTP 401/403/429
-answer); the realtime endpoints count its request and session against the key themselves, so that a
+the Host (on a server without keys, a Host it does not answer to gets 421: DNS rebinding), origin
+check (403), CORS preflight and headers for allowed other origins, the API key or client secret
+(401; an address with too many failed attempts gets 429 first), and, for HTTP, the key's request rate
+(429). A WebSocket is refused before its handshake completes (an HTTP 401/403/421/429 answer); the
+realtime endpoints count its request and session against the key themselves, so that a
 client over a limit reads a Realtime `error` event."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from starlette.websockets import WebSocket
 
 from omnivoice.server.auth.guard import Auth
 from omnivoice.server.auth.limits import RateLimited
-from omnivoice.server.auth.origins import cors_headers, preflight_headers
+from omnivoice.server.auth.origins import cors_headers, preflight_headers, same_origin
 from omnivoice.server.errors import APIError, rate_limited
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,16 @@ class AuthMiddleware:
             return
         websocket = scope["type"] == "websocket"
         headers = Headers(scope=scope)
-        origin = headers.get("origin")
-        verdict = self.auth.origins.verdict(origin, headers.get("host"))
+        origin, host = headers.get("origin"), headers.get("host")
+        served = self.auth.hosts.serves(host)
+        if not served and not self.auth.keys:
+            log.info("%s %s refused: Host %r is not served", scope["type"], scope["path"], host)
+            await _refuse(scope, receive, send, host_not_served(host))
+            return
+        verdict = self.auth.origins.verdict(origin, host if served else None)  # same only on served Hosts
         if verdict == "denied":
-            log.info("%s %s refused: origin not allowed", scope["type"], scope["path"])
-            err = APIError(403, "this origin is not allowed", code="origin_not_allowed")
-            await _refuse(scope, receive, send, err)
+            log.info("%s %s refused: origin %r not allowed", scope["type"], scope["path"], origin)
+            await _refuse(scope, receive, send, origin_denied(origin, host, served))
             return
         if verdict == "cross" and not websocket:
             assert origin is not None
@@ -67,6 +72,22 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+
+def host_not_served(host: str | None) -> APIError:
+    name = (host or "")[:100]
+    message = (
+        f"this server does not answer to the host {name!r}: without an API key it serves localhost, IP "
+        "addresses and auth.allowed_hosts only"
+    )
+    return APIError(421, message, code="host_not_allowed")
+
+
+def origin_denied(origin: str | None, host: str | None, served: bool) -> APIError:
+    message = "this origin is not allowed"
+    if not served and origin and host and same_origin(origin, host):
+        message += f" (its host {host[:100]!r} is not one this server answers to: see auth.allowed_hosts)"
+    return APIError(403, message, code="origin_not_allowed")
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, err: APIError) -> None:

@@ -1,13 +1,18 @@
-"""Which browser origins may use the server, and the CORS headers that let an allowed one read answers.
+"""Which Host names the server answers to, which browser origins may use it, and the CORS headers that
+let an allowed other origin read answers.
 
 A browser names the page that opened a request in `Origin` (always on WebSockets and on POSTs). The
-server's own page is same-origin (Origin's host and port are the request's Host); other origins must
-be listed in `auth.allowed_origins` (`*` for any). Requests without Origin come from programs, not
-pages, and pass (their API key is what protects the server).
+server's own page is same-origin (Origin's host and port are the request's Host), but only when that
+Host is one the server answers to (`HostPolicy`): a page on an attacker's domain whose DNS name is
+made to resolve to 127.0.0.1 (DNS rebinding) sends its own name as both Host and Origin, so Host alone
+proves nothing. Other origins must be listed in `auth.allowed_origins` (`*` for any). Requests without
+Origin come from programs, not pages, and pass (their API key is what protects the server).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -15,6 +20,40 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 ALLOW_METHODS = "GET, POST"
 EXPOSE_HEADERS = "Location, X-Request-Id, Retry-After"
 PREFLIGHT_MAX_AGE_S = "600"
+LOOPBACK_NAMES = ("localhost",)
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::[0-9]{1,5})?")
+
+
+class HostPolicy:
+    """The Host names the server answers to as itself: `localhost`, IP addresses (a browser that sends
+    one connected to that address, which DNS cannot change), its own names (the host it is bound to,
+    telephony.public_url's), the hosts of `auth.allowed_origins` and `auth.allowed_hosts` (`*`: any)."""
+
+    def __init__(self, allowed: Sequence[str], origins: Sequence[str] = (), own: Sequence[str] = ()) -> None:
+        self._any = "*" in allowed
+        names = {h.lower() for h in allowed if h != "*"} | set(LOOPBACK_NAMES)
+        names |= {urlsplit(o).hostname or "" for o in origins if o != "*"}
+        names |= {n.lower() for n in own if not _is_ip(n.strip("[]"))}
+        self._names = frozenset(names - {""})
+
+    def serves(self, host: str | None) -> bool:
+        """Whether a request's `Host` header (`name[:port]`) names this server; a request without one
+        (HTTP/1.0: no browser) does."""
+        if host is None or self._any:
+            return True
+        match = _HOST.fullmatch(host.strip())
+        if match is None:
+            return False
+        name = match.group(1).lower()
+        return name in self._names or _is_ip(name.strip("[]"))
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class OriginPolicy:
