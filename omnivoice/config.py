@@ -7,6 +7,7 @@ The pipeline topology (thinker -> talker -> code2wav) lives in code, not here.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Literal
@@ -228,6 +229,36 @@ class ServerConfig(_Strict):
         description="on SIGTERM/SIGINT: how long in-flight responses may finish (nothing new is admitted) "
         "before the rest are cancelled with a notice and the server exits",
     )
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="a connection must send a request's complete headers within this, from when it opens "
+        "or its previous response ends; else it is closed (408 if part of a request came)",
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="a request's whole body must arrive within this after its headers; else 408"
+    )
+    max_connections_per_client: int | None = Field(
+        128,
+        ge=1,
+        description="open connections (HTTP and WebSocket) from one client address; more are closed at "
+        "once. Trusted proxies (trusted_proxies) are exempt; null: no limit",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses or networks (127.0.0.1, 10.0.0.0/8) of reverse proxies whose "
+        "X-Forwarded-For and X-Forwarded-Proto are believed; from anyone else they are ignored",
+    )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, proxies: list[str]) -> list[str]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an IP address or network") from None
+        return proxies
 
 
 class RealtimeConfig(_Strict):

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
@@ -28,11 +27,13 @@ from omnivoice.server.auth.guard import Auth
 from omnivoice.server.auth.keys import ENV_VAR, ApiKeys, check_bind, is_loopback
 from omnivoice.server.auth.middleware import AuthMiddleware
 from omnivoice.server.auth.redact import redact_logs
+from omnivoice.server.body_timeout import BodyTimeoutMiddleware
 from omnivoice.server.chat import chat_completions
 from omnivoice.server.debug_state import debug_state, snapshot
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
+from omnivoice.server.listener import server_config
 from omnivoice.server.metrics import Metrics
 from omnivoice.server.page import page_routes
 from omnivoice.server.realtime.client_secrets import create_client_secret
@@ -104,6 +105,7 @@ def create_app(
         ],
         middleware=[
             Middleware(RequestContextMiddleware),
+            Middleware(BodyTimeoutMiddleware, timeout_s=profile.server.body_timeout_s),
             Middleware(DrainMiddleware, drain=drain),
             Middleware(AuthMiddleware, auth=auth),
         ],
@@ -147,11 +149,7 @@ async def run_server(
     redact_logs(keys.secrets())
     _log_auth(keys, host)
     app = create_app(profile, engine_factory, api_keys=keys, host=host)
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, log_config=None, access_log=False,
-        lifespan="on", timeout_graceful_shutdown=10,
-        ws_max_size=2 * profile.realtime.max_event_bytes,  # larger frames: close 1009 (see Session)
-    )  # fmt: skip
+    config = server_config(app, profile, host, port, log_level)  # timeouts, limits, proxies: listener.py
     # SIGTERM/SIGINT drain first (omnivoice.server.drain): nothing new is admitted, in-flight responses
     # get server.drain_timeout_s to finish, the rest is cancelled with a notice; then uvicorn shuts down
     server = DrainingServer(config, app.state.drain, lambda: in_flight(app.state))

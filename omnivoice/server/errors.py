@@ -12,10 +12,12 @@ import logging
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 log = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # the access log's status for a request whose client left mid-body
 
 
 class APIError(Exception):
@@ -95,6 +97,12 @@ def shutting_down() -> APIError:
     )  # fmt: skip
 
 
+def request_timeout(timeout_s: float) -> APIError:
+    """The request's body did not arrive in time (server.body_timeout_s): 408, and the connection ends."""
+    message = f"the request body did not arrive within {timeout_s:g} s"
+    return APIError(408, message, code="request_timeout", headers={"Connection": "close"})
+
+
 def internal_error(message: str = "internal server error") -> APIError:
     return APIError(500, message, type="server_error")
 
@@ -149,6 +157,12 @@ async def _http_error_handler(request: Request, exc: Exception) -> Response:
     return err.response()
 
 
+async def _client_gone_handler(request: Request, exc: Exception) -> Response:
+    # the client left while sending its body: nothing went wrong here, and no one reads the answer
+    log.info("request %s: the client disconnected before its body was complete", _rid(request))
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
 async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
     log.error("request %s failed with an unexpected error", _rid(request), exc_info=exc)
     return internal_error().response()
@@ -161,5 +175,6 @@ def _rid(request: Request) -> str:
 EXCEPTION_HANDLERS = {
     APIError: _api_error_handler,
     HTTPException: _http_error_handler,
+    ClientDisconnect: _client_gone_handler,
     Exception: _unexpected_error_handler,
 }

@@ -15,10 +15,11 @@ from starlette.types import ASGIApp
 
 
 class ServerThread:
-    """uvicorn in its own thread and event loop; `base_url` is known once `start()` returns."""
+    """uvicorn in its own thread and event loop; `base_url` is known once `start()` returns. `config`
+    (e.g. omnivoice.server.listener.server_config's, on 127.0.0.1 port 0) replaces the plain one."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        config = uvicorn.Config(
+    def __init__(self, app: ASGIApp, config: uvicorn.Config | None = None) -> None:
+        config = config or uvicorn.Config(
             app, host="127.0.0.1", port=0, lifespan="on", log_config=None, access_log=False,
             timeout_graceful_shutdown=5,
         )  # fmt: skip
@@ -47,9 +48,11 @@ class ServerThread:
 
 
 @contextmanager
-def serve_thread(app: ASGIApp, *, wait_healthy: float | None = 30.0) -> Iterator[ServerThread]:
+def serve_thread(
+    app: ASGIApp, *, wait_healthy: float | None = 30.0, config: uvicorn.Config | None = None
+) -> Iterator[ServerThread]:
     """Serve `app`, yield its ServerThread, stop it on exit; waits for /health 200 unless None."""
-    st = ServerThread(app)
+    st = ServerThread(app, config)
     st.start()
     try:
         if wait_healthy is not None:
@@ -60,9 +63,11 @@ def serve_thread(app: ASGIApp, *, wait_healthy: float | None = 30.0) -> Iterator
 
 
 @contextmanager
-def serve(app: ASGIApp, *, wait_healthy: float | None = 30.0) -> Iterator[str]:
+def serve(
+    app: ASGIApp, *, wait_healthy: float | None = 30.0, config: uvicorn.Config | None = None
+) -> Iterator[str]:
     """As `serve_thread`, yielding the base URL."""
-    with serve_thread(app, wait_healthy=wait_healthy) as st:
+    with serve_thread(app, wait_healthy=wait_healthy, config=config) as st:
         yield st.base_url
 
 

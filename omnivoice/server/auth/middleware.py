@@ -2,9 +2,9 @@
 the Host (on a server without keys, a Host it does not answer to gets 421: DNS rebinding), origin
 check (403), CORS preflight and headers for allowed other origins, the API key or client secret
 (401; an address with too many failed attempts gets 429 first), and, for HTTP, the key's request rate
-(429). A WebSocket is refused before its handshake completes (an HTTP 401/403/421/429 answer); the
-realtime endpoints count its request and session against the key themselves, so that a
-client over a limit reads a Realtime `error` event."""
+(429). A WebSocket is refused before its handshake completes (an HTTP answer); one it lets through
+may send large messages from then on (ws_guard). The realtime endpoints count its request and
+session against the key themselves, so that a client over a limit reads a Realtime `error` event."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from omnivoice.server.auth.guard import Auth
 from omnivoice.server.auth.limits import RateLimited
 from omnivoice.server.auth.origins import cors_headers, preflight_headers, same_origin
 from omnivoice.server.errors import APIError, rate_limited
+from omnivoice.server.ws_guard import lift_message_limit
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class AuthMiddleware:
             await _refuse(scope, receive, send, rate_limited(e.message, e.retry_after_s))
             return
         scope.setdefault("state", {})["principal"] = principal
+        if websocket and principal is not None:
+            lift_message_limit(scope)
         await self.app(scope, receive, send)
 
 

@@ -17,7 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.errors import APIError
-from omnivoice.server.realtime.ending import CLOSE_POLICY, close_connection, serve_until_over
+from omnivoice.server.realtime.ending import close_connection, serve_until_over
 from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
 from omnivoice.server.telephony.stream_auth import stream_owner
 from omnivoice.server.telephony.twilio_call import TwilioCall
@@ -31,10 +31,11 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
     state = websocket.app.state
     service: RealtimeService = state.realtime
     await websocket.accept()
-    owner, early = await stream_owner(websocket, state.auth)
+    found = await stream_owner(websocket, state.auth)  # small frames only until then (ws_guard)
+    owner, early = found.owner, found.frames
     if owner is None:
         with contextlib.suppress(Exception):  # the carrier may be gone already
-            await websocket.close(CLOSE_POLICY)
+            await websocket.close(found.close_code)
         return
     lease: SessionLease | None = None
     try:

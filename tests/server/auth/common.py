@@ -1,4 +1,5 @@
-"""A real server (fake engine) with API keys, for the auth tests."""
+"""A real server (fake engine) with API keys, for the auth tests, listening as `omnivoice serve` does
+(omnivoice.server.listener)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import openai
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.auth.keys import ApiKeys
+from omnivoice.server.listener import server_config
 
 from ..fake_engine import FakeEngine, FakeServer
 from ..serve import serve
@@ -21,12 +23,14 @@ OTHER_KEY = "sk-omnivoice-other-1b2c3d4e5f60718293"
 
 @contextmanager
 def serve_keyed(keys: tuple[str, ...] = (KEY, OTHER_KEY), **sections: Any) -> Iterator[FakeServer]:
-    """The fake engine behind a real uvicorn server with these API keys and profile sections. Failed
-    attempts are not throttled unless `auth` says so (the tests fail on purpose, all from loopback)."""
+    """The fake engine behind a real uvicorn server with these API keys and profile sections, configured
+    as `omnivoice serve` configures it. Failed attempts are not throttled unless `auth` says so (the
+    tests fail on purpose, all from loopback)."""
     sections["auth"] = {"max_failed_auth_per_minute": None, **sections.get("auth", {})}
     engines: list[FakeEngine] = []
-    app = create_app(parse_profile(sections), FakeEngine.factory(engines=engines), api_keys=ApiKeys(keys))
-    with serve(app) as url:
+    profile = parse_profile(sections)
+    app = create_app(profile, FakeEngine.factory(engines=engines), api_keys=ApiKeys(keys))
+    with serve(app, config=server_config(app, profile, "127.0.0.1", 0, None)) as url:
         yield FakeServer(url, app, engines)
 
 
