@@ -20,6 +20,7 @@ from pathlib import Path
 from omnivoice.config import Profile
 from omnivoice.engine.chunks import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
+from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.pipeline import STAGES, Pipeline
 from omnivoice.engine.request_state import ModelInfo, RequestState
 from omnivoice.engine.routing import ReplicaRouter
@@ -110,6 +111,7 @@ class Engine:
         builder = PromptBuilder(
             tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
         )
+        reclaim()  # what a server of ours that died (kill -9) left: its stage processes, its segments
         log.info("starting stages for %s", path)
         pipeline = Pipeline.start(profile, path)
         log.info("all stages ready")

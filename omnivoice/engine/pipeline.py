@@ -1,8 +1,10 @@
 """The fixed topology thinker -> talker -> code2wav, and how its workers are started.
 
 Placement comes from the profile: each stage runs in a thread of this process, in a process of its
-own, or as Ray actors (omnivoice/engine/ray_stages.py). When any stage is a process every connector is
-a shared-memory one; when any is on Ray, every connector is a Ray queue.
+own (omnivoice/engine/stage_process.py), or as Ray actors (omnivoice/engine/ray_stages.py). When any
+stage is a process every connector is a shared-memory one; when any is on Ray, every connector is a
+Ray queue. Stage processes are listed in a run record (omnivoice/engine/leftovers.py) until they stop,
+so that a start after a crash of this server can take back what it left.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,8 +22,9 @@ from omnivoice.config import Profile
 from omnivoice.engine.chunks import Shutdown, StageName
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
+from omnivoice.engine.leftovers import RunRecord
 from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
-from omnivoice.logs import configure_logging
+from omnivoice.engine.stage_process import stage_process_main
 
 if TYPE_CHECKING:
     from omnivoice.models.dummy import DummySource
@@ -36,31 +38,6 @@ class PipelineStartError(RuntimeError):
     pass
 
 
-def _stage_process_main(
-    name: StageName,
-    replica: int,
-    profile: Profile,
-    model_path: Path | DummySource,
-    inbox: Any,
-    downstream: list[Any],
-    engine: Any,
-    parent: int,
-) -> None:
-    from omnivoice.runners.factory import build_runners
-
-    # Ctrl-C reaches the whole process group; the server shuts the stages down with Shutdown messages.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    configure_logging(profile.server.log_level)
-    try:
-        runner = build_runners(profile, model_path, only=((name, replica),))[(name, replica)]
-    except Exception as e:  # report, so the engine fails fast instead of waiting
-        log.exception("%s stage (replica %d) failed to start", name, replica)
-        engine.put(StageCrashed(name, repr(e)))
-        return
-    freeze_built_objects(f"{name} stage (replica {replica})")
-    StageWorker(runner, inbox, downstream, engine, parent_pid=parent, replica=replica).run()
-
-
 @dataclass
 class Pipeline:
     inboxes: dict[StageName, list[Connector]]  # one inbox per replica of each stage
@@ -68,6 +45,7 @@ class Pipeline:
     threads: list[threading.Thread] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
     ray: Any = None  # RayStages when a stage has `worker: ray` (Ray is imported only then)
+    record: RunRecord | None = None  # the stage processes' run record, removed once they stopped
     stopped: bool = False
 
     @classmethod
@@ -118,7 +96,7 @@ class Pipeline:
                 pipe.ray.start(s, r, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
                 continue
             p = ctx.Process(
-                target=_stage_process_main,
+                target=stage_process_main,
                 args=(
                     s,
                     r,
@@ -134,6 +112,8 @@ class Pipeline:
             )
             p.start()
             pipe.processes.append(p)
+        if pipe.processes:
+            pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
         pipe._wait_ready(set(workers), timeout)
         return pipe
 
@@ -192,6 +172,8 @@ class Pipeline:
                 log.warning("%s did not stop in %.0f s; killing it", p.name, timeout)
                 p.kill()
                 p.join()
+        if self.record is not None:
+            self.record.remove()
         if self.ray is not None:
             self.ray.stop(timeout)
         for c in [*(c for s in STAGES for c in self.inboxes[s]), self.engine_inbox]:

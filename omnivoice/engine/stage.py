@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.1
 IDLE_STATS_INTERVAL_S = 1.0  # an idle worker still reports (its process figures) this often
+PARENT_CHECK_S = 0.5  # how often a stage process checks that its server is still its parent
 STAGE_INDEX = {"thinker": 0, "talker": 1, "code2wav": 2}
 ABORTED_MEMORY = 4096
 # How long an aborted id is remembered. Messages for it still in flight were sent by the upstream
@@ -109,13 +110,17 @@ class StageWorker:
         _own_cuda_stream(self.runner)
         self.engine.put(StageReady(name, self.replica))
         log.info("%s stage ready (replica %d)", name, self.replica)
+        next_parent_check = 0.0
         while True:
             if self.runner.has_work():
                 msgs = self.inbox.drain()
             else:
                 first = self.inbox.get(timeout=0.5)
                 msgs = [] if first is None else [first, *self.inbox.drain()]
-                if first is None and self.parent_pid is not None and os.getppid() != self.parent_pid:
+            if self.parent_pid is not None and time.monotonic() >= next_parent_check:
+                # busy or idle: a stage process must not go on computing for a server that is gone
+                next_parent_check = time.monotonic() + PARENT_CHECK_S
+                if os.getppid() != self.parent_pid:
                     log.warning("%s stage: parent process %d is gone; exiting", name, self.parent_pid)
                     return
             began = time.perf_counter()

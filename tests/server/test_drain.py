@@ -7,11 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -28,6 +24,7 @@ from .fake_engine import FakeEngine, Script
 from .realtime.fake import client
 from .realtime.rt import Recorder
 from .serve import serve_thread
+from .serve_process import ServeProcess, alive, descendants, write_profile
 from .telephony.carrier import call
 from .webrtc.peers import connect
 
@@ -132,64 +129,6 @@ async def test_drain_ends_webrtc_calls_and_phone_calls_with_a_notice() -> None:
 # ---- `omnivoice serve` as a real process, SIGTERM ---------------------------------------------------
 
 
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-class ServeProcess:
-    """`python -m omnivoice serve --profile PATH` with its log read in the background."""
-
-    def __init__(self, profile: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "OMNIVOICE_API_KEY"}
-        cmd = [sys.executable, "-m", "omnivoice", "serve", "--profile", str(profile)]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        self.lines: list[str] = []
-        self.port: int | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            found = re.search(r"omnivoice serving \S+ on http://127\.0\.0\.1:(\d+)", line)
-            if found:
-                self.port = int(found.group(1))
-                self._ready.set()
-        self._ready.set()
-
-    def wait_ready(self, timeout: float) -> str:
-        self._ready.wait(timeout)
-        assert self.port is not None, "".join(self.lines[-40:])
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log(self) -> str:
-        return "".join(self.lines)
-
-
 async def _event_size_limits(url: str) -> None:
     """realtime.max_event_bytes (64 KiB here): a larger event gets an error event; a frame over twice
     that is refused by the WebSocket layer of `omnivoice serve` (close 1009)."""
@@ -219,7 +158,7 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
     try:
         url = await asyncio.to_thread(server.wait_ready, 240)
         pid = server.proc.pid
-        children = _descendants(pid)
+        children = descendants(pid)
         assert children  # the stage processes
         await _event_size_limits(url)
         long_chat = {
@@ -274,8 +213,56 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
             server.proc.kill()
             server.proc.wait()
     deadline = time.monotonic() + 10
-    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+    while any(alive(c) for c in children) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert not [c for c in children if _alive(c)], "stage processes left behind"
+    assert not [c for c in children if alive(c)], "stage processes left behind"
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"omnivoice{pid}_")]
     assert "draining" in server.log and "Traceback" not in server.log, server.log[-3000:]
+
+
+async def test_a_sigterm_to_the_whole_process_group_drains_and_stops_the_stages_cleanly(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """systemd's stop (and a terminal's Ctrl-C) signals the whole process group, the stage processes
+    too: they leave stopping to the server, so the response in flight ends normally, no stage is
+    restarted, each stage stops when the server says so, and nothing but the log is printed at exit."""
+    path = write_profile(tmp_path, tiny_checkpoint, server={"port": 0, "drain_timeout_s": 60.0})
+    server = ServeProcess(path, env={"OMNIVOICE_RUN_DIR": str(tmp_path / "run")}, own_group=True)
+    try:
+        url = await asyncio.to_thread(server.wait_ready, 240)
+        pid = server.proc.pid
+        children = descendants(pid)
+        chat = {
+            "messages": [{"role": "user", "content": "hello"}],
+            "stream": True,
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "pcm16"},
+            "max_tokens": 16,
+            "min_tokens": 16,
+            "min_audio_frames": 150,  # several vocoder chunks: still generating when the signal lands
+            "max_audio_frames": 150,
+        }
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=120) as c,
+            c.stream("POST", "/v1/chat/completions", json=chat) as stream,
+        ):
+            lines = stream.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")
+            os.killpg(pid, signal.SIGTERM)
+            rest = [line async for line in lines if line]
+        rc = await asyncio.to_thread(server.proc.wait, 120)
+        await asyncio.to_thread(server.wait_log_closed, 30)
+    finally:
+        server.kill()
+    log = server.log
+    assert rest[-1] == "data: [DONE]", rest[-3:]
+    chunks = [json.loads(line.removeprefix("data: ")) for line in rest[:-1]]
+    assert not [c for c in chunks if "error" in c], log[-3000:]
+    finish = [ch["finish_reason"] for c in chunks for ch in c.get("choices", []) if ch.get("finish_reason")]
+    assert finish and set(finish) == {"length"}, finish
+    assert rc == 0, log[-3000:]
+    assert "stage worker stopped" not in log and "restarting the stages" not in log, log[-3000:]
+    for stage in ("thinker", "talker", "code2wav"):
+        assert f"{stage} stage stopping" in log  # on the server's Shutdown, not killed by the signal
+    assert not [c for c in children if alive(c)], "stage processes left behind"
+    assert "nanobind" not in log and "Traceback" not in log, log[-3000:]

@@ -82,6 +82,12 @@ class ShmConnector:
                 return out
             out.append(self._decode(item))
 
+    def flush(self) -> None:
+        """Wait until what this process put is in the pipe (its feeder thread sends it in the
+        background); call once, before the process ends without the interpreter's exit handlers."""
+        self._q.close()
+        self._q.join_thread()
+
     def close(self) -> None:
         # drop whatever is still in flight so its segments are unlinked; the queue's feeder thread
         # may still be flushing, so wait briefly for items rather than stopping at the first miss

@@ -1,0 +1,124 @@
+"""The life of a stage worker in a process of its own: it starts with the server's connectors, stops
+when the server says so, and never outlives the server.
+
+- Stop signals are the server's business. SIGINT and SIGTERM are ignored here: a Ctrl-C in a terminal
+  or systemd's stop reaches the whole process group, and a worker that died of it mid-drain would cut
+  the responses the server is letting finish. The server stops its workers with a Shutdown message
+  (and kills those that do not stop).
+- A worker dies with its server, however the server ends (kill -9 included): a thread waits on the
+  pipe that `multiprocessing` keeps open from the server (`parent_process().sentinel`), which the
+  kernel closes when the server's process ends, and ends this process at once, unlinking the dead
+  server's shared-memory segments. (Linux's PR_SET_PDEATHSIG is no substitute: it fires when the
+  *thread* that started the worker ends, and the supervisor starts workers from a thread that ends
+  right after.) `StageWorker` also polls its parent's pid, a fallback where the pipe is missing.
+- The process ends with `os._exit` once what it sent the server is flushed and its log written: the
+  interpreter's own teardown has nothing left to do, and it would report every object frozen out of
+  the GC (`gc_policy`) that a C++ extension still counts as alive (Triton's nanobind bindings print a
+  "leaked" report of their objects, types and functions at every worker's exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnivoice.config import Profile
+from omnivoice.engine.chunks import StageName
+from omnivoice.engine.gc_policy import freeze_built_objects
+from omnivoice.engine.process_stats import shm_prefix, unlink_segments
+from omnivoice.engine.stage import StageCrashed, StageWorker
+from omnivoice.logs import configure_logging
+
+if TYPE_CHECKING:
+    from omnivoice.models.dummy import DummySource
+
+log = logging.getLogger(__name__)
+
+EXIT_PARENT_GONE = 3
+
+
+def stage_process_main(
+    name: StageName,
+    replica: int,
+    profile: Profile,
+    model_path: Path | DummySource,
+    inbox: Any,
+    downstream: list[Any],
+    engine: Any,
+    parent: int,
+) -> None:
+    """Entry point of a stage process (`multiprocessing` spawn target); never returns."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(parent)
+    configure_logging(profile.server.log_level)
+    code = 0
+    try:
+        code = _serve(name, replica, profile, model_path, inbox, downstream, engine, parent)
+    except BaseException:
+        log.exception("%s stage (replica %d) failed", name, replica)
+        code = 1
+    finally:
+        _exit(code, engine)
+
+
+def _serve(
+    name: StageName,
+    replica: int,
+    profile: Profile,
+    model_path: Path | DummySource,
+    inbox: Any,
+    downstream: list[Any],
+    engine: Any,
+    parent: int,
+) -> int:
+    from omnivoice.runners.factory import build_runners
+
+    try:
+        runner = build_runners(profile, model_path, only=((name, replica),))[(name, replica)]
+    except Exception as e:  # report, so the engine fails fast instead of waiting
+        log.exception("%s stage (replica %d) failed to start", name, replica)
+        engine.put(StageCrashed(name, repr(e)))
+        return 1
+    freeze_built_objects(f"{name} stage (replica {replica})")
+    StageWorker(runner, inbox, downstream, engine, parent_pid=parent, replica=replica).run()
+    return 0
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process as soon as the process that spawned it (pid `parent`) has ended."""
+    proc = mp.parent_process()
+    if proc is None or proc.sentinel is None:  # not spawned by multiprocessing: the pid poll only
+        return
+
+    def watch() -> None:
+        # readable (EOF) once the server's end of the pipe is closed: the server holds it as long as
+        # it holds this process's handle, which it drops only after this process has ended
+        wait([proc.sentinel])
+        unlink_segments(shm_prefix(parent))  # no one reads the messages in flight any more
+        log.warning("the server (pid %d) is gone; this stage process ends with it", parent)
+        os._exit(EXIT_PARENT_GONE)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _exit(code: int, engine: Any) -> None:
+    """Flush what this process sent the server and its log, then end without the interpreter's
+    teardown (see the module docstring)."""
+    try:
+        engine.flush()  # a StageCrashed put just now must reach the server
+    except Exception:
+        log.exception("could not flush the engine queue")
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or its reader is gone
+            stream.flush()
+    os._exit(code)

@@ -1,0 +1,103 @@
+"""`python -m omnivoice serve` as a real process (its log read in the background), and the /proc
+helpers tests use to find its stage processes and see them end."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, their children...)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    """`pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def write_profile(folder: Path, checkpoint: Path, worker: str = "process", **sections: Any) -> Path:
+    """A profile YAML for the tiny model on a free port; `sections` add or replace profile sections."""
+    stage = {"max_seq_len": 1024, "worker": worker}
+    profile = {
+        "model": {"path": str(checkpoint)},
+        "server": {"port": 0},
+        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+        **sections,
+    }
+    path = folder / f"profile-{worker}.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+class ServeProcess:
+    """`python -m omnivoice serve --profile PATH` with its log read in the background.
+
+    `env`: variables added to this process's environment; `own_group`: the server leads a process
+    group of its own (so a signal to its group reaches its stage processes and nothing else)."""
+
+    def __init__(self, profile: Path, env: dict[str, str] | None = None, own_group: bool = False) -> None:
+        environ = {k: v for k, v in os.environ.items() if k != "OMNIVOICE_API_KEY"}
+        cmd = [sys.executable, "-m", "omnivoice", "serve", "--profile", str(profile)]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**environ, **(env or {})},
+            start_new_session=own_group,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.port: int | None = None
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            found = re.search(r"omnivoice serving \S+ on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float) -> str:
+        self._ready.wait(timeout)
+        assert self.port is not None, "".join(self.lines[-40:])
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_log_closed(self, timeout: float) -> None:
+        """Until every process that holds the log pipe (the server, its stage processes) has ended."""
+        self._reader.join(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
