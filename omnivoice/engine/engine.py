@@ -51,6 +51,9 @@ from omnivoice.models.token_prompt import newline_id
 log = logging.getLogger(__name__)
 
 WORKER_CHECK_S = 1.0  # how often the dispatcher checks that every stage worker is alive
+# What clients are told when a stage worker dies: which process died, and how, is for the log only.
+STOPPED = "the engine stopped unexpectedly"
+RESTARTING = f"{STOPPED}; it is restarting, retry shortly"
 
 
 class Engine:
@@ -123,6 +126,11 @@ class Engine:
                 run_apart(engine.close())
                 raise
         return engine
+
+    def hold_restarts(self) -> None:
+        """The server is shutting down: a stage worker that dies from now on fails its requests, and
+        the stages are not restarted (the drain lets the other responses finish)."""
+        self._supervisor.hold()
 
     @property
     def restarting(self) -> bool:
@@ -240,6 +248,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._supervisor.hold()
         for rid in list(self._requests):
             self._abort(rid)
         restarting = self._restarting
@@ -275,11 +284,16 @@ class Engine:
         dead = [] if self._closed or self.failure else self._pipeline.dead_workers()
         if not dead:
             return
-        restart = self._supervisor.may_restart()
+        refusal = self._supervisor.refusal()
+        restart = refusal is None
         # the whole message before any request fails: their callers may read it at once
-        failure = f"stage worker stopped: {', '.join(dead)}"
-        self.failure = failure + "; restarting the stages" if restart else failure
-        log.error("%s; failing %d in-flight requests", self.failure, len(self._requests))
+        self.failure = RESTARTING if restart else STOPPED
+        log.error(
+            "stage worker stopped: %s; failing %d in-flight requests; %s",
+            ", ".join(dead),
+            len(self._requests),
+            "restarting the stages" if restart else f"not restarting the stages: {refusal}",
+        )
         for rid in list(self._requests):
             self._fail(rid, self.failure)
         if restart:
@@ -289,9 +303,9 @@ class Engine:
     def _restart(self) -> None:
         try:
             pipeline = self._supervisor.restart(self._pipeline)
-        except Exception as e:
+        except Exception:
             log.exception("the stages could not be restarted")
-            self.failure = f"stage restart failed: {e}"
+            self.failure = f"{STOPPED} and could not be restarted"
             return
         if self._closed:
             pipeline.stop()
@@ -315,7 +329,7 @@ class Engine:
         if isinstance(msg, StageCrashed):
             log.error("%s stage crashed: %s; failing its requests", msg.stage, msg.error)
             for rid in list(self._requests):
-                self._fail(rid, f"{msg.stage} stage crashed")
+                self._fail(rid, STOPPED)
             return
         rid = getattr(msg, "request_id", None)
         with self._lock:

@@ -4,7 +4,8 @@ A stage process killed mid-request can leave its inbox queue locked and its requ
 every stage, so the supervisor restarts the whole pipeline with fresh connectors rather than one
 worker: in-flight requests fail at once with a clear error, new requests get 503 while the stages
 come back (seconds), and then the engine serves again. Restarts are rate-limited so a worker that
-dies at every start does not loop forever.
+dies at every start does not loop forever, and held once the server shuts down: a server that drains
+lets its responses finish and then stops the stages, so bringing them back would only delay the exit.
 """
 
 from __future__ import annotations
@@ -29,12 +30,24 @@ class Supervisor:
         self._profile = profile
         self._source = source
         self._restarts: deque[float] = deque()
+        self._held = False
 
-    def may_restart(self) -> bool:
+    def hold(self) -> None:
+        """Restart nothing from now on (the server is shutting down)."""
+        self._held = True
+
+    def refusal(self) -> str | None:
+        """Why the stages may not be restarted now, or None if they may."""
         now = time.monotonic()
         while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
             self._restarts.popleft()
-        return self._source is not None and len(self._restarts) < MAX_RESTARTS
+        if self._held:
+            return "the engine is shutting down"
+        if self._source is None:
+            return "the engine was started without a model source to restart from"
+        if len(self._restarts) >= MAX_RESTARTS:
+            return f"{MAX_RESTARTS} restarts in {RESTART_WINDOW_S:.0f} s already"
+        return None
 
     def restart(self, old: Pipeline) -> Pipeline:
         """Stop what is left of `old` and start a fresh pipeline (raises if it cannot start)."""

@@ -67,8 +67,8 @@ def create_app(
     as is telephony.public_url's.
     """
     keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
-    lifecycle = EngineLifecycle(profile, engine_factory)
     drain = Drain(profile.server.drain_timeout_s)
+    lifecycle = EngineLifecycle(profile, engine_factory, drain)
     admission = Admission(profile.server.max_concurrent_requests, drain)
     realtime = RealtimeService(profile.realtime)
     timeout = profile.realtime.webrtc_connect_timeout_s

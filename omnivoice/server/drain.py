@@ -8,6 +8,9 @@
                `error` event, then close 1001; WebRTC: the notice on the data channel, then the peer
                closes; Twilio: close 1001)
             -> uvicorn's own shutdown: listeners and connections closed, the lifespan stops the engine
+From the first signal on, a stage worker that dies is not restarted (`Drain.on_start`, see
+EngineLifecycle): its requests fail, the others go on finishing. Stage processes ignore the signal
+themselves (one sent to the whole process group reaches them too); the engine stops them at the end.
 A second signal cuts the wait short (the rest is cancelled with the notice at once); a third exits
 without waiting for anything (uvicorn's force exit).
 """
@@ -42,15 +45,25 @@ class Drain:
         self.timeout_s = timeout_s
         self.started = asyncio.Event()
         self.expired = asyncio.Event()
+        self._on_start: list[Callable[[], None]] = []
 
     @property
     def draining(self) -> bool:
         return self.started.is_set()
 
+    def on_start(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the drain starts (at once if it has)."""
+        self._on_start.append(callback)
+        if self.draining:
+            callback()
+
     async def run(self, busy: Callable[[], int]) -> None:
         """Refuse new work, wait until `busy()` (work in flight) is 0 or the timeout passes, then
         expire: the rest is cancelled with a notice; returns once it has gone (or after a grace)."""
-        self.started.set()
+        if not self.draining:
+            self.started.set()
+            for callback in self._on_start:
+                callback()
         log.info("draining: %d in flight; waiting up to %g s for them", busy(), self.timeout_s)
         await _wait_idle(busy, self.timeout_s, self.expired)
         if busy():

@@ -39,9 +39,11 @@ class EngineLifecycle:
     """Starts the engine in the background so the server answers `/health` (503) while it loads.
 
     state: starting -> ready | failed -> closed.
+
+    Once `drain` starts, the engine restarts no stage worker that dies (`Engine.hold_restarts`).
     """
 
-    def __init__(self, profile: Profile, factory: EngineFactory) -> None:
+    def __init__(self, profile: Profile, factory: EngineFactory, drain: Drain | None = None) -> None:
         self._profile = profile
         self._factory = factory
         self.state: Literal["starting", "ready", "failed", "closed"] = "starting"
@@ -49,6 +51,14 @@ class EngineLifecycle:
         self.error: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
+        self._draining = False
+        if drain is not None:
+            drain.on_start(self._hold_restarts)
+
+    def _hold_restarts(self) -> None:
+        self._draining = True
+        if self.engine is not None:
+            self.engine.hold_restarts()
 
     def start(self) -> None:
         """Begin loading; call from the app's lifespan (needs a running loop)."""
@@ -66,6 +76,8 @@ class EngineLifecycle:
                 await engine.close()
             else:
                 self.engine, self.state = engine, "ready"
+                if self._draining:  # the drain began while the engine was loading
+                    engine.hold_restarts()
                 log.info("engine ready in %.1f s", time.perf_counter() - t0)
         finally:
             self._settled.set()

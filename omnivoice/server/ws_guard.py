@@ -8,14 +8,16 @@ its payload is read (close 1009). The auth middleware lifts the limit for a WebS
 (an API key or client secret; any, on a server without keys); the Twilio stream, whose credential
 comes in its `start` message, lifts it once its token is redeemed. Lifted, the limit is `ws_max_size`.
 
-It also counts an HTTP answer to the handshake (an auth refusal: 401, 403, 421, 429) as a completed
-handshake, which uvicorn's protocol does not, so that a refusal anyone can provoke is not logged as
-an error ("ASGI callable returned without completing handshake").
+Two things anyone can provoke are not logged as errors, as uvicorn's protocol logs them: an HTTP
+answer to the handshake (an auth refusal: 401, 403, 421, 429) counts as a completed handshake ("ASGI
+callable returned without completing handshake"), and a text message that is not UTF-8 closes the
+connection 1007 with an INFO line (uvicorn: an ERROR with a traceback).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import Scope
@@ -26,6 +28,8 @@ from websockets.http11 import Request
 
 if TYPE_CHECKING:
     from uvicorn._types import ASGISendEvent
+
+log = logging.getLogger(__name__)
 
 PREAUTH_BYTES = 64 * 1024  # per message, and in all before the Twilio stream's `start`
 EXTENSION = "omnivoice.message_limit"  # the ASGI scope extension that lifts it
@@ -50,10 +54,27 @@ class PreAuthWebSocket(WebSocketsSansIOProtocol):
     def _lift(self) -> None:
         self.conn.max_size = self.config.ws_max_size
 
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not _utf8(self.frames):
+            log.info("client %s sent a text message that is not UTF-8; closing (1007)", self.client)
+            self.frames = []
+            self.conn.send_close(1007, "invalid UTF-8")
+            self.handle_parser_exception()  # uvicorn's way out of a protocol error: disconnect, close
+            return
+        super().send_receive_event_to_app()
+
     async def send(self, message: ASGISendEvent) -> None:
         await super().send(message)
         if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
             self.handshake_complete = True  # refused with an HTTP answer: that handshake is over
+
+
+def _utf8(frames: list[bytes]) -> bool:
+    try:
+        (frames[0] if len(frames) == 1 else b"".join(frames)).decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def lift_message_limit(scope: Scope) -> None:

@@ -89,6 +89,7 @@ class FakeEngine:
     closed: bool = False
     failure: str | None = None  # as Engine.failure: set when a stage worker died
     restarting: bool = False  # as Engine.restarting
+    restarts_held: bool = False  # hold_restarts() was called (the server drains)
     capacity: int | None = None  # requests running at once; more are refused (as Engine.overloaded)
 
     @classmethod
@@ -185,6 +186,9 @@ class FakeEngine:
 
     def replica_stats(self) -> tuple[StageStats, ...]:
         return self.stats().stages
+
+    def hold_restarts(self) -> None:
+        self.restarts_held = True
 
     async def close(self) -> None:
         self.closed = True

@@ -63,6 +63,7 @@ async def test_drain_refuses_new_work_lets_responses_finish_and_cuts_the_rest() 
                 drained = asyncio.run_coroutine_threadsafe(state.drain.run(lambda: in_flight(state)), loop)
                 while not state.drain.draining:
                     await asyncio.sleep(0.01)
+                assert engine.restarts_held  # a stage worker dying now would not be restarted
 
                 async with httpx.AsyncClient(base_url=url, timeout=5) as fresh:  # a new connection
                     r = await fresh.post("/v1/chat/completions", json={"messages": body["messages"]})

@@ -1,7 +1,7 @@
 """WebSockets before authentication get a small message allowance: a frame over it is refused from its
 header, before the server reads its payload (close 1009), the Twilio stream counts what it reads
 before its `start` under any server, and an authenticated connection may send large messages. A
-refused handshake is logged as a refusal, never as an ERROR."""
+refused handshake, or a text message that is not UTF-8, is logged as INFO, never as an ERROR."""
 
 from __future__ import annotations
 
@@ -107,3 +107,15 @@ async def test_refused_handshakes_are_not_errors(keyed: bool, caplog: pytest.Log
     assert "refused" in caplog.text
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors
+
+
+def test_text_that_is_not_utf8_closes_1007_without_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    with serve_keyed() as s:
+        sock = open_raw_websocket(s.url, TWILIO)  # unauthenticated, like anyone
+        sock.sendall(struct.pack("!BB", 0x81, 0x80 | 2) + b"\0\0\0\0" + b"\xff\xfe")
+        reply = sock.recv(64)
+        assert reply[:1] == b"\x88" and struct.unpack("!H", reply[2:4])[0] == 1007
+        sock.close()
+    assert "not UTF-8" in caplog.text
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
