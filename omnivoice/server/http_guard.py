@@ -6,8 +6,9 @@ on the connections of one client address.
   byte), so a client sending its headers a byte at a time held a connection and a file descriptor
   for ever. With part of a request received the client gets 408; an idle connection is just closed.
 - A client address may hold `server.max_connections_per_client` connections (HTTP, or upgraded to
-  WebSocket: they are counted by transport); the next one is closed at once. Trusted proxies
-  (`server.trusted_proxies`) are exempt: all their clients share their address.
+  WebSocket: they are counted by transport); the next one is closed at once. An IPv6 client is its
+  /64 (one host gets a whole /64). Trusted proxies (`server.trusted_proxies`) are exempt: all their
+  clients share their address.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class ClientConnections:
         """Count `transport` against `address`; False (and it must be closed) if that is one too many."""
         if self.limit is None or self._is_exempt(address):
             return True
-        client = self._clients.setdefault(address, _Client())
+        client = self._clients.setdefault(client_key(address), _Client())
         client.transports = {t for t in client.transports if not t.is_closing()}
         if len(client.transports) >= self.limit:
             client.refused += 1
@@ -74,6 +75,19 @@ class ClientConnections:
         for address, client in list(self._clients.items()):
             if all(t.is_closing() for t in client.transports):
                 del self._clients[address]
+
+
+def client_key(address: str) -> str:
+    """Whose connection it is: the IPv4 address, or the IPv6 address's /64."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 class GuardedH11(H11Protocol):

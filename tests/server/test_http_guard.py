@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 import httpx
 import websockets
 
+from omnivoice.server.http_guard import ClientConnections
+
 from .auth.common import serve_keyed, ws_url
 
 
@@ -79,3 +81,22 @@ def test_trusted_proxies_are_not_capped() -> None:
         assert httpx.get(f"{s.url}/health").status_code == 200
         for sock in held:
             sock.close()
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_the_cap_counts_an_ipv6_client_by_its_64_and_frees_closed_connections() -> None:
+    table = ClientConnections(2, exempt=["10.0.0.0/8"])
+    first, second = Transport(), Transport()
+    assert table.admit("2001:db8::1", first) and table.admit("2001:db8::ffff:2", second)  # type: ignore[arg-type]
+    assert not table.admit("2001:db8::3", Transport())  # type: ignore[arg-type]  # the same /64
+    assert table.admit("2001:db8:0:1::1", Transport())  # type: ignore[arg-type]  # another /64
+    first.closed = True
+    assert table.admit("2001:db8::3", Transport())  # type: ignore[arg-type]
+    assert all(table.admit("10.1.2.3", Transport()) for _ in range(5))  # type: ignore[arg-type]
