@@ -1,7 +1,9 @@
 """One response: build the prompt from the history, run the engine, stream the events, paced.
 
 Audio deltas leave as soon as each Code2Wav chunk is decoded, cut into pieces of at most DELTA_MS,
-and never more than `ahead_s` ahead of real-time playback, so a barge-in leaves little queued.
+and never more than `ahead_s` ahead of real-time playback, so a barge-in leaves little queued. An
+engine failure does not wait behind the paced audio (`ReadAhead`): the response fails at once and
+its audio not yet sent is dropped.
 Cancelling the response's task aborts the engine request in every stage (closing its iterator),
 drops the deltas still queued, and ends the response with status `cancelled`.
 """
@@ -34,11 +36,13 @@ from omnivoice.server.realtime.conversation import Content, Conversation, Item, 
 from omnivoice.server.realtime.ledger import AudioLedger
 from omnivoice.server.realtime.outbox import Outbox
 from omnivoice.server.realtime.prompting import build_prompt
+from omnivoice.server.realtime.read_ahead import ReadAhead
 from omnivoice.server.realtime.server_events import error, format_object, usage_object
 
 log = logging.getLogger(__name__)
 
 DELTA_MS = 200
+AUDIO_DELTA = "response.output_audio.delta"
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,8 @@ class Pacer:
         self._start: float | None = None
         self._queued_s = 0.0
 
-    async def wait(self, seconds: float) -> None:
-        """Call before sending `seconds` more audio."""
+    async def wait(self, seconds: float, stop: asyncio.Event) -> bool:
+        """Call before sending `seconds` more audio; False (send nothing more) once `stop` is set."""
         now = time.monotonic()
         if self._start is None:
             self._start = now
@@ -73,8 +77,15 @@ class Pacer:
             self._start -= lead
             lead = 0.0
         if lead > self.ahead_s:
-            await asyncio.sleep(lead - self.ahead_s)
+            try:
+                async with asyncio.timeout(lead - self.ahead_s):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+        if stop.is_set():
+            return False
         self._queued_s += seconds
+        return True
 
 
 class Response:
@@ -173,17 +184,21 @@ class Response:
             raise EngineOverloaded(why)
         self._open_item()
         async with aclosing(self._engine.generate(request)) as outputs:  # leaving early aborts every stage
-            async for out in outputs:
-                if isinstance(out, TextDelta) and out.text:
-                    self._on_text(out.text)
-                elif isinstance(out, AudioChunk) and plan.want_audio:
-                    await self._send_audio(self._resampler.process(out.pcm))
-                elif isinstance(out, Finished):
-                    self.usage = out.usage
-                    self._on_finished(out)
+            ahead = ReadAhead(outputs)
+            try:
+                async for out in ahead:
+                    if isinstance(out, TextDelta) and out.text:
+                        self._on_text(out.text)
+                    elif isinstance(out, AudioChunk) and plan.want_audio:
+                        await self._send_audio(self._resampler.process(out.pcm), ahead.failed)
+                    elif isinstance(out, Finished):
+                        self.usage = out.usage
+                        self._on_finished(out)
+            finally:
+                await ahead.aclose()
         ended = self.status in ("completed", "incomplete")  # generation ran to its end (stop or length)
         if plan.want_audio and ended:
-            await self._send_audio(self._resampler.flush())
+            await self._send_audio(self._resampler.flush(), asyncio.Event())
         if self.item is not None and self.item.ledger is not None:
             self.item.ledger.complete = ended
 
@@ -220,14 +235,16 @@ class Response:
         )
         self._outbox.put({"type": kind, **self._where(), "delta": text})
 
-    async def _send_audio(self, pcm: np.ndarray) -> None:
+    async def _send_audio(self, pcm: np.ndarray, stop: asyncio.Event) -> None:
+        """Send `pcm` in paced deltas; what is left once `stop` is set is dropped."""
         assert self.item is not None and self.item.ledger is not None
         ledger, fmt = self.item.ledger, self.plan.output_format
         ledger.generated += pcm.size
         step = fmt.sample_rate * DELTA_MS // 1000
         for start in range(0, pcm.size, step):
             piece = pcm[start : start + step]
-            await self._pacer.wait(piece.size / fmt.sample_rate)
+            if not await self._pacer.wait(piece.size / fmt.sample_rate, stop):
+                return
             delta = base64.b64encode(fmt.encode(piece)).decode("ascii")
             event = {"type": "response.output_audio.delta", **self._where(), "delta": delta}
             on_sent = lambda n=piece.size: _count_sent(ledger, n)  # noqa: E731
@@ -247,6 +264,8 @@ class Response:
         else:
             log.warning("session %s: response %s: engine error: %s", self.session_id, self.id, out.error)
             self._fail("server_error", "engine_error", out.error or "generation failed")
+            # its audio still queued is never played: the failure is the next thing the client hears of
+            self._outbox.drop(lambda e: e.get("response_id") != self.id or e["type"] != AUDIO_DELTA)
 
     def _fail(self, type_: str, code: str, message: str) -> None:
         self.status = "failed"
