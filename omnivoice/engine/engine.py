@@ -83,16 +83,18 @@ class Engine:
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         voices = tuple(sorted(spec.speaker_ids))
         default_voice = profile.model.default_voice if profile.model.default_voice in voices else voices[0]
+        # the thinker's context, and the talker's room for a prompt's audio (else it could only fail)
+        max_prompt_tokens = min(
+            profile.stages.thinker.max_seq_len - 1,
+            profile.stages.talker.max_seq_len - TALKER_PROMPT_EXTRA,
+        )
         self.info = ModelInfo(
             served_name=profile.model.served_name,
             sample_rate=spec.output_sample_rate,
             voices=voices,
             default_voice=default_voice,
-            # the thinker's context, and the talker's room for a prompt's audio (else it could only fail)
-            max_prompt_tokens=min(
-                profile.stages.thinker.max_seq_len - 1,
-                profile.stages.talker.max_seq_len - TALKER_PROMPT_EXTRA,
-            ),
+            max_prompt_tokens=max_prompt_tokens,
+            max_prompt_chars=None if builder is None else max_prompt_tokens * builder.max_token_chars,
         )
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
         self._dispatcher.start()

@@ -17,6 +17,9 @@ class ModelInfo:
     voices: tuple[str, ...]
     default_voice: str
     max_prompt_tokens: int
+    # Text longer than this (in characters) cannot fit max_prompt_tokens: no vocabulary entry stands for
+    # more characters than max_prompt_chars / max_prompt_tokens. None: no tokenizer (token-id prompts).
+    max_prompt_chars: int | None = None
 
 
 class RequestState:

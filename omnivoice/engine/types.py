@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -164,3 +166,16 @@ class EngineStats:
 # the codec's think/voice/pad/bos ids; runners/talker.py `_inputs`) and needs 2 more to write audio: a
 # prompt of at most talker.max_seq_len - TALKER_PROMPT_EXTRA tokens always leaves it room.
 TALKER_PROMPT_EXTRA = 11
+
+
+def text_exceeds(texts: Sequence[str], max_chars: int | None) -> bool:
+    """Whether `texts` hold more than `max_chars` characters once NFC-normalized, as the tokenizer
+    reads them: a cheap test, before tokenizing, that they cannot fit a prompt (see
+    `ModelInfo.max_prompt_chars`).
+
+    Only text over the limit as sent is normalized (composing can shorten it), so the common case
+    costs a sum of lengths. None: no limit is known (a model without a tokenizer).
+    """
+    if max_chars is None or sum(map(len, texts)) <= max_chars:
+        return False
+    return sum(len(unicodedata.normalize("NFC", t)) for t in texts) > max_chars

@@ -64,6 +64,11 @@ class PromptBuilder:
         self._spec = spec
         self._max_audio_seconds = max_audio_seconds
         self._role_ids = {"system": spec.system_id, "user": spec.user_id, "assistant": spec.assistant_id}
+        # The most characters of text one token stands for. Byte-level BPE spells each byte of a token
+        # as one character, and a character is at least a byte, so no token covers more characters than
+        # its entry in the vocabulary has; control tokens are left out (never read from message text).
+        vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False)
+        self.max_token_chars = max(map(len, vocab))
 
     def build(self, messages: Sequence[ChatMessage], default_system: str | None = None) -> Prompt:
         """Tokenize `messages` and end with the assistant generation prompt.

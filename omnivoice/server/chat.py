@@ -27,16 +27,20 @@ from omnivoice.engine.types import (
     EngineOverloaded,
     Finished,
     GenerationRequest,
+    Prompt,
     Sampling,
     TextDelta,
     Usage,
+    text_exceeds,
 )
 from omnivoice.server.chat_format import ChunkWriter, Turn, completion_body, encode_audio
 from omnivoice.server.chat_schema import (
     ChatRequest,
-    TextContent,
+    check_room,
     check_voice,
+    context_length_exceeded,
     parse_chat_request,
+    prompt_texts,
     to_engine_messages,
 )
 from omnivoice.server.errors import (
@@ -109,24 +113,12 @@ def _refused(e: APIError) -> str:
 async def _prepare(
     request: Request, engine: Any, profile: Profile
 ) -> tuple[ChatRequest, GenerationRequest, Turn]:
-    req = parse_chat_request(await read_json_object(request, profile.server.max_body_bytes))
+    body = await read_json_object(request, profile.server.max_body_bytes)
+    # Validating, decoding audio and tokenizing are CPU work, in proportion to what the client sent:
+    # all of it runs off the event loop, so one large request never stalls the others.
+    req, prompt, voice = await asyncio.to_thread(_request_and_prompt, body, engine, profile)
     info = engine.info
-    if req.model is not None and req.model != info.served_name:
-        message = f"the model {req.model!r} does not exist; this server serves {info.served_name!r}"
-        raise not_found(message, param="model", code="model_not_found")
     want = req.output_modalities
-    voice = (req.audio.voice if req.audio else None) or info.default_voice
-    if "audio" in want:
-        check_voice(voice, info.voices)
-    # Audio decoding and feature extraction are CPU work: keep them off the event loop.
-    has_audio = any(not isinstance(p, TextContent) for m in req.messages for p in m.content or ())
-    if has_audio:
-        prompt = await asyncio.to_thread(_build_prompt, engine, req, profile)
-    else:
-        prompt = _build_prompt(engine, req, profile)
-    if len(prompt.input_ids) > info.max_prompt_tokens:
-        message = f"the prompt has {len(prompt.input_ids)} tokens; the limit is {info.max_prompt_tokens}"
-        raise bad_request(message, param="messages", code="context_length_exceeded")
     turn = Turn(
         id=f"chatcmpl-{uuid.uuid4().hex}",
         created=int(time.time()),
@@ -147,12 +139,35 @@ async def _prepare(
     return req, gen, turn
 
 
-def _build_prompt(engine: Any, req: ChatRequest, profile: Profile) -> Any:
+def _request_and_prompt(
+    body: dict[str, Any], engine: Any, profile: Profile
+) -> tuple[ChatRequest, Prompt, str]:
+    """The validated request, its prompt and voice; the cheap checks first, so that a request that
+    cannot be served is refused before the costly work (decoding audio, tokenizing)."""
+    info = engine.info
+    check_room(body, info.max_prompt_tokens)
+    req = parse_chat_request(body)
+    if req.model is not None and req.model != info.served_name:
+        message = f"the model {req.model!r} does not exist; this server serves {info.served_name!r}"
+        raise not_found(message, param="model", code="model_not_found")
+    voice = (req.audio.voice if req.audio else None) or info.default_voice
+    if "audio" in req.output_modalities:
+        check_voice(voice, info.voices)
+    texts = prompt_texts(req)
+    if text_exceeds(texts, info.max_prompt_chars):
+        raise context_length_exceeded(
+            f"the messages hold {sum(map(len, texts))} characters of text, more than a prompt of "
+            f"{info.max_prompt_tokens} tokens can hold"
+        )
     messages = to_engine_messages(req, profile.server.max_audio_seconds)
     try:
-        return engine.build_prompt(messages)
+        prompt = engine.build_prompt(messages)
     except ValueError as e:  # the engine's PromptError: a user-facing message
         raise bad_request(str(e), param="messages") from None
+    if len(prompt.input_ids) > info.max_prompt_tokens:
+        message = f"the prompt has {len(prompt.input_ids)} tokens; the limit is {info.max_prompt_tokens}"
+        raise context_length_exceeded(message)
+    return req, prompt, voice
 
 
 def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:

@@ -18,6 +18,9 @@ from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
 from omnivoice.server.errors import APIError, bad_request
 
 _UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
+MAX_PROBLEMS = 5  # validation problems listed in an error message
+# A prompt spends at least this many tokens on each message: <|im_start|>, the role, "\n", <|im_end|>, "\n".
+MESSAGE_TOKENS = 5
 
 
 class _Lenient(BaseModel):
@@ -84,7 +87,7 @@ class StreamOptions(_Lenient):
 class ChatRequest(_Lenient):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] | None = None
+    modalities: list[Literal["text", "audio"]] | None = Field(None, max_length=2)
     audio: AudioOutput | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -135,14 +138,40 @@ class ChatRequest(_Lenient):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+def check_room(body: dict[str, Any], max_tokens: int) -> None:
+    """Refuse, before validating the body, more messages or content parts than a prompt of at most
+    `max_tokens` can hold: validating many small objects is slow work that could only fail.
+
+    Each message costs MESSAGE_TOKENS, each content part that says anything at least one token.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return  # validation says what is wrong
+    if len(messages) * MESSAGE_TOKENS > max_tokens:
+        raise context_length_exceeded(
+            f"{len(messages)} messages take at least {len(messages) * MESSAGE_TOKENS} prompt tokens; "
+            f"the limit is {max_tokens}"
+        )
+    parts = sum(len(c) for m in messages if isinstance(m, dict) and isinstance(c := m.get("content"), list))
+    if parts > max_tokens:
+        raise context_length_exceeded(
+            f"the messages have {parts} content parts, more than the {max_tokens} tokens a prompt may have"
+        )
+
+
+def context_length_exceeded(message: str) -> APIError:
+    return bad_request(message, param="messages", code="context_length_exceeded")
+
+
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
-    """Validate a request body; a 400 APIError lists every problem and names the first as `param`."""
+    """Validate a request body; a 400 APIError names the first problem as `param` and lists a few."""
     try:
         return ChatRequest.model_validate(body)
     except ValidationError as err:
         problems = [(_loc(e["loc"]), _msg(e)) for e in err.errors()]
-        message = "; ".join(f"{loc}: {msg}" if loc else msg for loc, msg in problems)
-        raise bad_request(message, param=problems[0][0] or None) from None
+        shown = [f"{loc}: {msg}" if loc else msg for loc, msg in problems[:MAX_PROBLEMS]]
+        more = f" (and {len(problems) - MAX_PROBLEMS} more)" if len(problems) > MAX_PROBLEMS else ""
+        raise bad_request("; ".join(shown) + more, param=problems[0][0] or None) from None
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -177,6 +206,11 @@ def to_engine_messages(req: ChatRequest, max_audio_seconds: float) -> tuple[Chat
         )
         out.append(ChatMessage(role=role, parts=parts))
     return tuple(out)
+
+
+def prompt_texts(req: ChatRequest) -> list[str]:
+    """The text of every message, as the prompt will hold it."""
+    return [p.text for m in req.messages for p in m.content or () if isinstance(p, TextContent)]
 
 
 def _part(p: ContentPart, where: str, max_audio_seconds: float) -> TextPart | AudioPart:

@@ -51,6 +51,7 @@ class FakeModelInfo:
     voices: tuple[str, ...] = VOICES
     default_voice: str = "ethan"
     max_prompt_tokens: int = 200
+    max_prompt_chars: int | None = None  # as ModelInfo's; None: no bound before build_prompt
 
 
 @dataclass

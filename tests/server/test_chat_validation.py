@@ -208,6 +208,22 @@ def test_prompt_too_long(client: httpx.Client) -> None:
     assert e["code"] == "context_length_exceeded"
 
 
+def test_more_messages_than_a_prompt_can_hold_are_refused_before_validation(
+    client: httpx.Client, srv: FakeServer
+) -> None:
+    limit = srv.engine.info.max_prompt_tokens  # each message costs a prompt at least 5 tokens
+    e = error(post(client, messages=USER * (limit // 5 + 1)), 400)
+    assert e["code"] == "context_length_exceeded" and e["param"] == "messages"
+    parts = [{"type": "text", "text": "x"}] * (limit + 1)
+    e = error(post(client, messages=[{"role": "user", "content": parts}]), 400)
+    assert e["code"] == "context_length_exceeded" and "content parts" in e["message"]
+
+
+def test_a_validation_error_lists_a_few_problems_not_all(client: httpx.Client) -> None:
+    e = error(post(client, messages=USER, modalities=["x"] * 5000), 400)
+    assert e["param"] == "modalities" and len(e["message"]) < 500
+
+
 def test_sampling_and_modalities_reach_the_engine(client: httpx.Client, srv: FakeServer) -> None:
     body = {"messages": USER, "temperature": 0.7, "top_p": 0.9, "max_completion_tokens": 33, "seed": 5}
     assert post(client, **body, modalities=["text"]).status_code == 200

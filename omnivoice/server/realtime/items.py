@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from typing import TYPE_CHECKING, Any
@@ -9,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import soxr
 
+from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.wav import AudioDecodeError
+from omnivoice.engine.types import text_exceeds
 from omnivoice.server.realtime import protocol as p
 from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Item, new_id
 
@@ -27,9 +30,9 @@ _ASSISTANT_TYPES = {
 }
 
 
-def handle(session: Session, e: p.ClientEvent) -> None:
+async def handle(session: Session, e: p.ClientEvent) -> None:
     if isinstance(e, p.ItemCreate):
-        create(session, e)
+        await create(session, e)
     elif isinstance(e, p.ItemRetrieve):
         item = _find(session, e.item_id, e.event_id)
         session.outbox.put({"type": "conversation.item.retrieved", "item": _with_audio(session, item)})
@@ -57,7 +60,7 @@ def _find(session: Session, item_id: str, event_id: str | None) -> Item:
     return item
 
 
-def create(session: Session, e: p.ItemCreate) -> None:
+async def create(session: Session, e: p.ItemCreate) -> None:
     it = e.item
     if it.type != "message":
         raise p.ProtocolError(
@@ -74,8 +77,12 @@ def create(session: Session, e: p.ItemCreate) -> None:
         raise p.ProtocolError(
             "the item has no content", "missing_required_parameter", "item.content", e.event_id
         )
+    texts = [t for c in it.content for t in (c.text, c.transcript) if t]
+    if text_exceeds(texts, session.engine.info.max_prompt_chars):  # it could never be in a prompt
+        raise too_long("item.content", sum(map(len, texts)), session, e.event_id)
     content = [
-        _content(session, it.role, c, f"item.content[{n}]", e.event_id) for n, c in enumerate(it.content)
+        await _content(session, it.role, c, f"item.content[{n}]", e.event_id)
+        for n, c in enumerate(it.content)
     ]
     item = Item(it.id or new_id("item"), it.role, content)
     try:
@@ -95,7 +102,19 @@ def create(session: Session, e: p.ItemCreate) -> None:
     session.outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
 
 
-def _content(session: Session, role: str, c: p.ContentParam, param: str, event_id: str | None) -> Content:
+def too_long(param: str, chars: int, session: Session, event_id: str | None) -> p.ProtocolError:
+    """The error for text no prompt can hold (`ModelInfo.max_prompt_chars`), refused before it is kept."""
+    info = session.engine.info
+    message = (
+        f"Invalid '{param}': string too long. The model's context of {info.max_prompt_tokens} tokens "
+        f"holds at most {info.max_prompt_chars} characters, got {chars}."
+    )
+    return p.ProtocolError(message, "string_above_max_length", param, event_id)
+
+
+async def _content(
+    session: Session, role: str, c: p.ContentParam, param: str, event_id: str | None
+) -> Content:
     allowed = _USER_TYPES if role == "user" else {"input_text"} if role == "system" else set(_ASSISTANT_TYPES)
     if c.type not in allowed:
         raise p.ProtocolError(
@@ -121,7 +140,10 @@ def _content(session: Session, role: str, c: p.ContentParam, param: str, event_i
                 f"{param}.audio",
                 event_id,
             )
-        audio = _decode_audio(session, c.audio, f"{param}.audio", event_id) if c.audio else None
+        audio = None
+        if c.audio:  # decoding and resampling are CPU work in proportion to the audio: off the loop
+            fmt, max_s = session.settings.input_format, session.buffer.max_samples / INPUT_RATE
+            audio = await asyncio.to_thread(_decode_audio, fmt, max_s, c.audio, f"{param}.audio", event_id)
         return Content("input_audio", audio=audio, transcript=c.transcript)
     kind = _ASSISTANT_TYPES[c.type]
     if kind == "output_text":
@@ -129,14 +151,15 @@ def _content(session: Session, role: str, c: p.ContentParam, param: str, event_i
     return Content("output_audio", transcript=c.transcript or c.text or "")
 
 
-def _decode_audio(session: Session, data: str, param: str, event_id: str | None) -> np.ndarray:
-    fmt = session.settings.input_format
+def _decode_audio(
+    fmt: AudioFormat, max_seconds: float, data: str, param: str, event_id: str | None
+) -> np.ndarray:
     try:
         pcm = fmt.decode(base64.b64decode(data, validate=True))
     except (binascii.Error, ValueError) as err:
         message = str(err) if isinstance(err, AudioDecodeError) else "the audio is not valid base64"
         raise p.ProtocolError(message, "invalid_value", param, event_id) from None
-    if pcm.size / fmt.sample_rate > session.buffer.max_samples / INPUT_RATE:
+    if pcm.size / fmt.sample_rate > max_seconds:
         raise p.ProtocolError(
             "the audio is longer than the input buffer's limit",
             "input_audio_buffer_too_large",

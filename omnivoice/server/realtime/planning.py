@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from omnivoice.engine.types import Sampling
+from omnivoice.engine.types import Sampling, text_exceeds
+from omnivoice.server.realtime.items import too_long
 from omnivoice.server.realtime.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
 from omnivoice.server.realtime.response import ResponsePlan
 from omnivoice.server.realtime.session_config import FormatParam, SettingsError, resolve_format, resolve_voice
@@ -21,6 +22,8 @@ def plan_response(session: Session, r: ResponseParams | None, event_id: str | No
     r = r or ResponseParams()
     if r.input is not None or r.tools:
         raise ProtocolError("response.input and tools are not supported", "unsupported", "response", event_id)
+    if r.instructions and text_exceeds([r.instructions], info.max_prompt_chars):
+        raise too_long("response.instructions", len(r.instructions), session, event_id)
     if r.conversation not in (None, "auto", "none"):
         raise ProtocolError(
             "response.conversation must be 'auto' or 'none'",

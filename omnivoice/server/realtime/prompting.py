@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from omnivoice.engine.types import ChatMessage, Prompt
+from omnivoice.engine.types import ChatMessage, Prompt, TextPart, text_exceeds
 from omnivoice.server.realtime.conversation import Conversation
 
 
@@ -15,13 +15,17 @@ async def build_prompt(
     """The prompt and the messages it holds, or a user-facing reason why there is none.
 
     Audio feature extraction is CPU work, so prompts are built in a worker thread. When the history
-    is longer than the thinker's context, the oldest items are left out ("truncation": "auto").
+    is longer than the thinker's context, the oldest items are left out ("truncation": "auto"):
+    first, without tokenizing, those whose text alone could not fit (`text_exceeds`).
     """
-    limit = engine.info.max_prompt_tokens
+    limit, max_chars = engine.info.max_prompt_tokens, engine.info.max_prompt_chars
     for skip in range(max(1, len(conversation.items))):
         messages = conversation.messages(instructions, skip)
         if not messages:
             return "the conversation is empty: add an item or set instructions first"
+        texts = [p.text for m in messages for p in m.parts if isinstance(p, TextPart)]
+        if text_exceeds(texts, max_chars):
+            continue
         try:
             prompt = await asyncio.to_thread(engine.build_prompt, messages)
         except ValueError as e:  # the prompt builder's PromptError: a user-facing message

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad, VadStream
 from omnivoice.audio.wav import AudioDecodeError
+from omnivoice.engine.types import text_exceeds
 from omnivoice.server.errors import APIError
 from omnivoice.server.realtime import items
 from omnivoice.server.realtime import protocol as p
@@ -34,6 +35,9 @@ from omnivoice.server.realtime.session_config import SessionPatch, SessionSettin
 log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
+# Appends with more base64 than this (about 0.7 s of 24 kHz pcm16) are decoded and resampled in a worker
+# thread: that work grows with the audio, and the event loop serves every other client meanwhile.
+OFF_LOOP_AUDIO_CHARS = 32 * 1024
 
 
 class Session:
@@ -107,7 +111,7 @@ class Session:
         elif isinstance(e, p.OutputAudioClear):
             self.outbox.clear_output(self.response.id if self.response else None)
         else:
-            items.handle(self, e)
+            await items.handle(self, e)
 
     # ---- session.update ------------------------------------------------------------------------
     def _update(self, e: p.SessionUpdate) -> None:
@@ -122,6 +126,8 @@ class Session:
         except ValidationError as err:
             raise p.session_patch_error(err, event_id) from None
         info = self.engine.info
+        if patch.instructions and text_exceeds([patch.instructions], info.max_prompt_chars):
+            raise items.too_long("session.instructions", len(patch.instructions), self, event_id)
         try:
             new = apply_patch(self.settings, patch, info.voices, info.default_voice)
         except SettingsError as err:
@@ -145,7 +151,11 @@ class Session:
         if len(e.audio) * 3 // 4 > int(fmt.sample_rate * fmt.bytes_per_sample * seconds):
             message = f"the audio is longer than the input buffer's limit of {seconds:g} s"
             raise p.ProtocolError(message, "input_audio_buffer_too_large", "audio", e.event_id)
-        await self.append_audio(self._in.process(self._decode(e.audio, e.event_id)), e.event_id)
+        if len(e.audio) > OFF_LOOP_AUDIO_CHARS:  # events are handled one at a time: _in is ours meanwhile
+            pcm = await asyncio.to_thread(self._decode_input, e.audio, e.event_id)
+        else:
+            pcm = self._decode_input(e.audio, e.event_id)
+        await self.append_audio(pcm, e.event_id)
 
     async def append_audio(self, pcm: np.ndarray, event_id: str | None = None) -> None:
         """Append mono float32 audio at 16 kHz and run turn detection. The WebSocket decodes and
@@ -166,13 +176,15 @@ class Session:
                 else:
                     self._speech_stopped(ev.position)
 
-    def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
+    def _decode_input(self, audio: str, event_id: str | None) -> np.ndarray:
+        """An append's base64 audio as float32 PCM at the input rate."""
         try:
             raw = base64.b64decode(audio, validate=True)
-            return self.settings.input_format.decode(raw)
+            pcm = self.settings.input_format.decode(raw)
         except (binascii.Error, ValueError) as err:
             message = str(err) if isinstance(err, AudioDecodeError) else "the audio is not valid base64"
             raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
+        return self._in.process(pcm)
 
     def _keep_while_idle(self) -> int:
         td = self.settings.turn_detection
