@@ -1,8 +1,11 @@
 """The `/v1/chat/completions` request: pydantic models and their conversion to engine messages.
 
-Keys that OpenAI clients send and we don't use (`user`, `metadata`, `store`, `logprobs`, `name`,
-vLLM extras, ...) are tolerated; every key we act on is validated, and what this model cannot do
-(tool messages, images, video, n > 1) fails with a 400 naming the offending field.
+Keys that only describe the request (`user`, `metadata`, `store`, `name`, `service_tier`, vLLM
+extras, ...) are tolerated; every key we act on is validated, and what this model cannot do (tool
+messages, images, video, n > 1) fails with a 400 naming the offending field. OpenAI parameters that
+ask for something this server does not do (`tools`, `response_format`, `logprobs`, `stop`, ...; see
+UNSUPPORTED) are refused with a 400 `unsupported_parameter` naming them, unless their value asks for
+nothing (null, `false`, `0`, `[]`, `tool_choice: "none"`...), as SDKs and careful clients send.
 Extensions for fixed-length benchmarks: `min_tokens` and `ignore_eos` (as in vLLM) for the text,
 `min_audio_frames` / `max_audio_frames` for the talker's codec frames (12.5 per second of audio).
 """
@@ -18,6 +21,23 @@ from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
 from omnivoice.server.errors import APIError, bad_request
 
 _UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
+# OpenAI parameters this server does not implement, each with the values that ask for nothing.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # "auto" without tools chooses none
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "stop": (None, [], ""),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+}
 MAX_PROBLEMS = 5  # validation problems listed in an error message
 # A prompt spends at least this many tokens on each message: <|im_start|>, the role, "\n", <|im_end|>, "\n".
 MESSAGE_TOKENS = 5
@@ -59,6 +79,8 @@ ContentPart = Annotated[TextContent | InputAudioContent | AudioURLContent, Field
 class Message(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: list[ContentPart] | None = None
+    tool_calls: list[Any] | None = None  # refused unless empty: no tool calling
+    function_call: Any = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -165,6 +187,9 @@ def context_length_exceeded(message: str) -> APIError:
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
     """Validate a request body; a 400 APIError names the first problem as `param` and lists a few."""
+    for name, nothing in UNSUPPORTED.items():
+        if name in body and body[name] not in nothing:
+            raise unsupported(name)
     try:
         return ChatRequest.model_validate(body)
     except ValidationError as err:
@@ -172,6 +197,11 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         shown = [f"{loc}: {msg}" if loc else msg for loc, msg in problems[:MAX_PROBLEMS]]
         more = f" (and {len(problems) - MAX_PROBLEMS} more)" if len(problems) > MAX_PROBLEMS else ""
         raise bad_request("; ".join(shown) + more, param=problems[0][0] or None) from None
+
+
+def unsupported(param: str) -> APIError:
+    message = f"Unsupported parameter: '{param}' is not supported by this server."
+    return bad_request(message, param=param, code="unsupported_parameter")
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -196,6 +226,8 @@ def to_engine_messages(req: ChatRequest, max_audio_seconds: float) -> tuple[Chat
         where = f"messages[{i}]"
         if m.role in ("tool", "function"):
             raise bad_request(f"{where}: role {m.role!r} is not supported (no tool calling)", param=where)
+        if m.tool_calls or m.function_call is not None:
+            raise unsupported(f"{where}.{'tool_calls' if m.tool_calls else 'function_call'}")
         if not m.content:
             raise bad_request(f"{where}: content is required", param=f"{where}.content")
         if m.role == "assistant" and any(not isinstance(p, TextContent) for p in m.content):

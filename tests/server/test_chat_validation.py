@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 import numpy as np
+import openai
 import pytest
 
 from omnivoice.audio import encode_wav, pcm16_bytes
@@ -206,6 +207,50 @@ def test_prompt_error_from_engine_is_400(client: httpx.Client) -> None:
 def test_prompt_too_long(client: httpx.Client) -> None:
     e = error(post(client, messages=[{"role": "user", "content": "word " * 300}]), 400)
     assert e["code"] == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logit_bias": {"42": 10}}, "logit_bias"),
+        ({"stop": ["\n"]}, "stop"),
+        ({"stop": "END"}, "stop"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"messages": [*USER, {"role": "assistant", "content": "ok", "tool_calls": [{"id": "c"}]}]},
+         "messages[1].tool_calls"),
+    ],
+)  # fmt: skip
+def test_unsupported_parameters_are_refused_by_name(client: httpx.Client, extra: dict, param: str) -> None:
+    e = error(post(client, **{"messages": USER, **extra}), 400)
+    assert e["param"] == param and e["code"] == "unsupported_parameter", e
+    assert param in e["message"]
+
+
+def test_the_sdk_sends_no_op_values_and_gets_unsupported_ones_refused(srv: FakeServer) -> None:
+    sdk = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    no_ops: dict = {
+        "n": 1, "logprobs": False, "top_logprobs": 0, "tools": [], "tool_choice": "none", "stop": None,
+        "presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": {},
+        "response_format": {"type": "text"}, "parallel_tool_calls": False, "service_tier": "auto",
+        "user": "u1", "store": False,
+    }  # fmt: skip
+    done = sdk.chat.completions.create(model="omnivoice", messages=USER, modalities=["text"], **no_ops)
+    assert done.choices[0].message.content == "Hello there, friend!"
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.chat.completions.create(model="omnivoice", messages=USER, logprobs=True, top_logprobs=2)
+    assert refused.value.param == "logprobs" and refused.value.code == "unsupported_parameter"
 
 
 def test_more_messages_than_a_prompt_can_hold_are_refused_before_validation(

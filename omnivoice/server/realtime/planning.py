@@ -11,7 +11,13 @@ from omnivoice.engine.types import Sampling, text_exceeds
 from omnivoice.server.realtime.items import too_long
 from omnivoice.server.realtime.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
 from omnivoice.server.realtime.response import ResponsePlan
-from omnivoice.server.realtime.session_config import FormatParam, SettingsError, resolve_format, resolve_voice
+from omnivoice.server.realtime.session_config import (
+    NO_TOOL_CHOICE,
+    FormatParam,
+    SettingsError,
+    resolve_format,
+    resolve_voice,
+)
 
 if TYPE_CHECKING:
     from omnivoice.server.realtime.session import Session
@@ -22,6 +28,10 @@ def plan_response(session: Session, r: ResponseParams | None, event_id: str | No
     r = r or ResponseParams()
     if r.input is not None or r.tools:
         raise ProtocolError("response.input and tools are not supported", "unsupported", "response", event_id)
+    if r.tool_choice not in NO_TOOL_CHOICE or r.prompt is not None:
+        name = "tool_choice" if r.tool_choice not in NO_TOOL_CHOICE else "prompt"
+        message = f"response.{name} is not supported by this server (no tools, no stored prompts)"
+        raise ProtocolError(message, "unsupported", f"response.{name}", event_id)
     if r.instructions and text_exceeds([r.instructions], info.max_prompt_chars):
         raise too_long("response.instructions", len(r.instructions), session, event_id)
     if r.conversation not in (None, "auto", "none"):

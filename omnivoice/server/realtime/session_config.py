@@ -1,8 +1,10 @@
 """The session's settings: `session.update` payloads (GA and beta shapes) in, the effective settings out.
 
 A patch is validated whole before any of it applies (a bad field leaves the session unchanged), then
-merged. Fields OpenAI defines that we do not act on (tools, tracing, transcription, noise reduction,
-speed, temperature, ...) are accepted and echoed; unknown fields are rejected with their name.
+merged. Fields OpenAI defines that we do not act on (tracing, transcription, noise reduction, speed,
+temperature, ...) are accepted and echoed; those that ask for what this server cannot do (`tools`, a
+`tool_choice` other than auto or none, a stored `prompt`) are refused, naming the field; unknown
+fields are rejected with their name.
 
 `semantic_vad` maps to server VAD with a silence wait chosen by its eagerness (see EAGERNESS_SILENCE_MS).
 """
@@ -16,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnivoice.audio.formats import FORMATS, FORMATS_BY_MIME, PCM16, AudioFormat
 
+# tool_choice values that choose no tool (this server has none): anything else is refused.
+NO_TOOL_CHOICE = (None, "auto", "none")
 # semantic_vad eagerness -> silence (ms) before the turn ends; "auto" is "medium".
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
 # OpenAI's voice names: clients send them by default; they map to the model's default voice.
@@ -221,6 +225,11 @@ def apply_patch(
         changes["output_audio_frames"] = p.omnivoice.output_audio_frames
     if p.tools:
         raise SettingsError("tools (function calling) are not supported by this server", "session.tools")
+    if p.tool_choice not in NO_TOOL_CHOICE:
+        message = "tool_choice must be 'auto' or 'none': this server has no tools"
+        raise SettingsError(message, "session.tool_choice")
+    if p.prompt is not None:
+        raise SettingsError("stored prompts are not supported by this server", "session.prompt")
     echo = dict(s.echo)
     for key in ("tool_choice", "tracing", "truncation", "prompt", "include", "temperature", "speed"):
         if key in set_fields:

@@ -114,6 +114,33 @@ async def test_bad_events_get_errors_and_the_session_survives(srv: FakeServer) -
         await rec.close()
 
 
+async def test_tools_and_stored_prompts_are_refused_naming_the_param(srv: FakeServer) -> None:
+    async with client(srv.url).realtime.connect(model="omnivoice") as conn:
+        rec = Recorder(conn)
+        await rec.next("session.created")
+        # what SDKs and consoles send by default is accepted
+        await conn.session.update(session={"type": "realtime", "tools": [], "tool_choice": "auto"})
+        assert (await rec.next("session.updated")).session.tool_choice == "auto"
+        refused = [
+            ({"type": "session.update", "session": {"tool_choice": "required"}}, "session.tool_choice"),
+            ({"type": "session.update", "session": {"prompt": {"id": "pmpt_1"}}}, "session.prompt"),
+            ({"type": "response.create", "response": {"tool_choice": "required"}}, "response.tool_choice"),
+            ({"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "f"}}},
+             "response.tool_choice"),
+            ({"type": "response.create", "response": {"prompt": {"id": "pmpt_1"}}}, "response.prompt"),
+        ]  # fmt: skip
+        for event, param in refused:
+            await conn.send_raw(json.dumps(event))
+            err = (await rec.next("error")).error
+            assert err.param == param, err
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        )
+        await conn.response.create(response={"tool_choice": "none"})
+        assert (await rec.next("response.done")).response.status == "completed"
+        await rec.close()
+
+
 async def test_item_create_retrieve_delete_and_ordering(srv: FakeServer) -> None:
     async with client(srv.url).realtime.connect(model="omnivoice") as conn:
         rec = Recorder(conn)
