@@ -44,6 +44,6 @@ def test_state_lists_sessions_engine_tables_and_process_figures() -> None:
 
 def test_state_is_refused_to_other_than_loopback_clients() -> None:
     app = create_app(parse_profile({}), FakeEngine.factory(None, engines=[]))
-    with TestClient(app) as client:  # its client address is "testclient"
+    with TestClient(app, base_url="http://localhost") as client:  # its client address is "testclient"
         r = client.get("/v1/debug/state")
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
