@@ -126,6 +126,19 @@ class ThinkerStage(StageConfig):
 class TalkerStage(StageConfig):
     sampling: SamplingDefaults = SamplingDefaults(
         temperature=0.0, top_k=50, repetition_penalty=1.05, max_tokens=2048
+    )  # max_tokens: the hard cap on an answer's codec frames (12.5 per second of audio)
+    frames_per_text_token: float | None = Field(
+        6.0,
+        gt=0,
+        description="once an answer's text is complete, its audio may run to this many codec frames "
+        "(12.5 per second) per text token, plus extra_frames; past that the talker stops and the "
+        "response ends as cut at a length limit (finish_reason length, realtime status incomplete). "
+        "Speech takes about 4 frames per token, so a talker that never samples its end code stops near "
+        "where its speech should have. A request's own frame minimum (min_audio_frames, "
+        "output_audio_frames) still applies. null: only sampling.max_tokens bounds the audio",
+    )
+    extra_frames: int = Field(
+        25, ge=0, description="codec frames allowed beyond frames_per_text_token x text tokens"
     )
     predictor_kernels: bool | None = Field(
         None,

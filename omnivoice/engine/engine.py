@@ -356,10 +356,15 @@ class Engine:
             tail = state.detok.flush()
             if tail:
                 state.emit(TextDelta(msg.request_id, (), tail))
+        elif msg.stage == "talker":
+            state.talker = msg  # whether the audio ran to its end code or was cut at a frame limit
         elif msg.stage == "code2wav":
             state.audio = msg
-        if state.thinker is not None and (state.audio is not None or not state.request.want_audio):
-            self._complete(state, state.thinker.reason)
+        spoken = state.talker is not None and state.audio is not None
+        if state.thinker is not None and (spoken or not state.request.want_audio):
+            # audio cut at the talker's frame limit ends the response as a length limit does
+            cut = state.talker is not None and state.talker.reason == "length"
+            self._complete(state, "length" if cut else state.thinker.reason)
 
     def _complete(self, state: RequestState, reason: str) -> None:
         rid = state.request.request_id

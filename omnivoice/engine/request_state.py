@@ -31,6 +31,7 @@ class RequestState:
         self.queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         self.detok = detok
         self.thinker: StageFinished | None = None
+        self.talker: StageFinished | None = None
         self.audio: StageFinished | None = None
         self.audio_index = 0
         self.done = False

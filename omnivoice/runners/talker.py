@@ -15,6 +15,7 @@ whose row is dropped; every other end (a frame limit, an abort) is known before 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -134,6 +135,8 @@ class TalkerRunner:
                 # no assistant text reached the talker (a one-token answer): no audio
                 self.seqs.pop(msg.request_id)
                 return self._finish_outputs(seq, "stop")
+            if seq.slot >= 0:
+                self._bound_by_text(seq)
         return []
 
     def abort(self, request_id: str) -> None:
@@ -250,6 +253,8 @@ class TalkerRunner:
                 log.debug("request %s: talker frames capped at %d", seq.request.request_id, room)
                 p = replace(p, max_tokens=room, min_tokens=min(p.min_tokens, room))
             seq.max_tokens, seq.sampled = p.max_tokens, 1
+            if seq.text_done:
+                self._bound_by_text(seq)
             params.append(p)
         starting = [seq for seq, _ in ready]
         slots = [s.slot for s in starting]
@@ -287,6 +292,19 @@ class TalkerRunner:
         self._last_batch = n
         out = torch.cat([code0[:n, None], residual[:n], tokens[:n, None]], dim=1)  # [n, G + 1]
         self._queue(seqs, out, has_frames=True)
+
+    def _bound_by_text(self, seq: _Seq) -> None:
+        """Cap a request's frames by its complete text (`frames_per_text_token`, `extra_frames`), so a
+        talker that never samples its end code stops about where its speech should; the cut ends the
+        request with "length". While text still arrives the talker takes one text token per frame, so
+        it is bounded by the thinker then. A request's own frame minimum still applies."""
+        per = self.cfg.frames_per_text_token
+        if per is None:
+            return
+        frames = math.ceil(per * len(seq.text)) + self.cfg.extra_frames
+        limit = max(frames + 1, seq.request.talker.min_tokens)  # + 1: the last token never gets a frame
+        # never below a token not yet queued: its step is what reads back the end
+        seq.max_tokens = min(seq.max_tokens, max(limit, seq.sampled + 1))
 
     def _head_sample(
         self, hidden: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor
