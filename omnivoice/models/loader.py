@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from transformers import (
@@ -86,7 +87,9 @@ class ModelSpec:
         `endoftext_id` (the tokenizer's `<|endoftext|>`, not recorded in config.json) joins `<|im_end|>`
         as a thinker stop token when given; `from_pretrained` looks it up.
         """
-        thinker, talker, code2wav = config.thinker_config, config.talker_config, config.code2wav_config
+        thinker = _sub_config(config, "thinker_config")
+        talker = _sub_config(config, "talker_config")
+        code2wav = _sub_config(config, "code2wav_config")
         return cls(
             im_start_id=config.im_start_token_id,
             im_end_id=config.im_end_token_id,
@@ -160,6 +163,15 @@ class LoadedModel:
     dtype: torch.dtype
 
 
+def _sub_config(config: Qwen3OmniMoeConfig, name: str) -> Any:
+    """One of `config`'s sub-configs. transformers types them as `dict | PreTrainedConfig | None`, but
+    its constructor makes config objects of them (with attributes that vary by model): `Any`."""
+    sub = getattr(config, name)
+    if sub is None or isinstance(sub, dict):
+        raise ValueError(f"checkpoint config: {name} is not a config object ({type(sub).__name__})")
+    return sub
+
+
 def _checkpoint_dir(path: Path | str) -> Path:
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -179,7 +191,7 @@ def load_model(path: Path | str, device: str = "cpu", dtype: torch.dtype = torch
     so the 66 GB real checkpoint is never staged in host memory first.
     """
     path = _checkpoint_dir(path)
-    placement = {} if torch.device(device).type == "cpu" else {"device_map": device}
+    placement: dict[str, Any] = {} if torch.device(device).type == "cpu" else {"device_map": device}
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         path, dtype=dtype, local_files_only=True, **placement
     )

@@ -160,7 +160,7 @@ class PromptBuilder:
         out = self._feature_extractor(
             pcm,
             sampling_rate=rate,
-            padding=True,  # the default pads every clip to 300 s
+            padding="longest",  # the default pads every clip to 300 s
             truncation=False,
             return_attention_mask=True,
             return_tensors="np",

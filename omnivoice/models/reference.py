@@ -7,6 +7,7 @@ streaming, its own KV cache) must reproduce these text ids, codec codes and samp
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ def reference_generate(
     if thinker_tokens < 1 or talker_tokens < 2:
         raise ValueError("need thinker_tokens >= 1 and talker_tokens >= 2 (one codec frame)")
     input_ids = torch.tensor([prompt.input_ids], dtype=torch.long, device=model.device)
-    inputs: dict[str, object] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     audio = audio_inputs(prompt)
     if audio is not None:
         features, mask = audio
@@ -57,7 +58,7 @@ def reference_generate(
         inputs["feature_attention_mask"] = mask.to(model.device)  # generate() also derives audio lengths
     codes: list[torch.Tensor] = []
 
-    def collect(_module: torch.nn.Module, _args: object, output: object) -> None:
+    def collect(_module: torch.nn.Module, _args: object, output: Any) -> None:  # the talker's ModelOutput
         residual_codes = output.hidden_states[1]  # [batch, num_code_groups], None on the prefill step
         if residual_codes is not None:
             codes.append(residual_codes[0].detach().cpu())

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -88,12 +89,14 @@ def build_tiny_tokenizer() -> Qwen2Tokenizer:
         raise RuntimeError(f"tiny BPE learned {len(vocab)} tokens; grow the corpus")
     vocab.update({token: first_special + i for i, token in enumerate(SPECIAL_TOKENS)})
     merges = [tuple(pair) for pair in json.loads(bpe.to_str())["model"]["merges"]]
+    # transformers annotates `merges` as strings and `unk_token` as a string, but hands both to
+    # tokenizers' BPE, which takes merge pairs and None (no unknown token)
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
-        merges=merges,
+        merges=merges,  # type: ignore[arg-type]
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        unk_token=None,
+        unk_token=None,  # type: ignore[arg-type]
         extra_special_tokens=dict(EXTRA_SPECIAL_TOKENS),
         model_max_length=32768,
     )
@@ -111,7 +114,13 @@ def build_tiny_tokenizer() -> Qwen2Tokenizer:
 
 def tiny_config(tokenizer: Qwen2Tokenizer) -> Qwen3OmniMoeConfig:
     """The tiny config; text-side special ids are read from `tokenizer` (they sit at the top of its vocab)."""
-    tid = tokenizer.convert_tokens_to_ids
+
+    def tid(token: str) -> int:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if not isinstance(token_id, int):
+            raise TypeError(f"token {token!r} has ids {token_id}, not one id")
+        return token_id
+
     ids = {
         "audio_token_id": tid("<|audio_pad|>"), "image_token_id": tid("<|image_pad|>"),
         "video_token_id": tid("<|video_pad|>"), "audio_start_token_id": tid("<|audio_start|>"),
@@ -200,7 +209,8 @@ def init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
     torch.empty (arbitrary memory: non-deterministic, NaN at times) and its routers all-zero (every
     token would tie and go to experts 0 and 1, leaving the routing untested).
     """
-    std = model.config.talker_config.initializer_range
+    talker_config: Any = model.config.talker_config  # typed loosely by transformers: a config object
+    std = talker_config.initializer_range
     for layer in model.talker.model.layers:
         torch.nn.init.normal_(layer.mlp.experts.gate_up_proj, mean=0.0, std=std)
         torch.nn.init.normal_(layer.mlp.experts.down_proj, mean=0.0, std=std)
@@ -217,7 +227,7 @@ def _make_audible(model: Qwen3OmniMoeForConditionalGeneration, generator: torch.
     peak lands in ~[0.2, 0.45] and the multiply is exact: the weights do not depend on how many
     threads computed the calibration decode.
     """
-    cfg = model.config.code2wav_config
+    cfg: Any = model.config.code2wav_config  # typed loosely by transformers: a config object
     codes = torch.randint(0, cfg.codebook_size, (1, cfg.num_quantizers, 25), generator=generator)
     peak = model.code2wav(codes).abs().max().item()
     scale = 2.0 ** round(math.log2(AUDIBLE_PEAK / peak))

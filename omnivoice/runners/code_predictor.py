@@ -155,7 +155,7 @@ class _KernelFrame:
     def __init__(self, stack: DecoderStack, cache: Any, max_batch: int, groups: int, kernels: Any) -> None:
         self.cache = cache
         self.layers_w = [kernels.KernelLayer(w) for w in stack._fused]
-        self.norm = stack.norm
+        self.norm: Any = stack.norm  # a transformers RMSNorm: `weight`, `variance_epsilon`
         device = cache.k.device
         positions = torch.arange(cache.k.shape[3], device=device)[None]
         probe = torch.zeros(1, dtype=cache.k.dtype, device=device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -29,9 +30,10 @@ class DecoderStack:
     """`model` is a transformers text model with `.layers`, `.norm` and `.rotary_emb`."""
 
     def __init__(self, model: nn.Module, multimodal_rope: bool) -> None:
-        self.layers = list(model.layers)
-        self.norm = model.norm
-        self.rotary = model.rotary_emb
+        # the layers are duck-typed transformers decoder layers (their submodules differ by model)
+        self.layers: list[Any] = list(cast(nn.ModuleList, model.layers))
+        self.norm = cast(nn.Module, model.norm)
+        self.rotary = cast(nn.Module, model.rotary_emb)
         self.multimodal_rope = multimodal_rope
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -239,12 +241,14 @@ class DecoderStack:
     def _fused_layer(self, i, w, h, cos, sin, cache, slot_idx, positions, kv_len, mask) -> torch.Tensor:
         return self._layer(h, w, cos, sin, cache.k[i], cache.v[i], slot_idx, positions, mask, kv_len)
 
-    def _norm(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
+        """`norm` is a transformers RMSNorm (`weight`, `variance_epsilon`)."""
         if not self._qkv:
             return norm(x)
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
 
-    def _mlp(self, i: int, mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, i: int, mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        """`mlp` is a transformers MLP block; a dense one has `down_proj` and `act_fn`."""
         fused = self._gate_up[i] if self._gate_up else None
         if fused is None:
             return mlp(x)

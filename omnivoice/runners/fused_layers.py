@@ -74,7 +74,12 @@ def _is_silu(act: Any) -> bool:
 def layer_weights(layer: nn.Module, qkv: torch.Tensor, gate_up: torch.Tensor | None) -> LayerWeights | None:
     """The tensors of a Qwen3(-MoE) decoder layer (with its fused q/k/v and gate/up weights), or None
     if the layer is of another shape."""
-    attn, mlp = layer.self_attn, layer.mlp
+    # transformers' submodules are duck-typed (their attributes differ by model and version): the
+    # checks below decide whether this layer has the shape the fused math takes
+    attn: Any = layer.self_attn
+    mlp: Any = layer.mlp
+    norm: Any = layer.input_layernorm
+    post_norm: Any = layer.post_attention_layernorm
     mlp_weights: DenseWeights | MoeWeights
     if gate_up is not None and _is_silu(mlp.act_fn):
         mlp_weights = DenseWeights(gate_up, mlp.down_proj.weight)
@@ -103,13 +108,13 @@ def layer_weights(layer: nn.Module, qkv: torch.Tensor, gate_up: torch.Tensor | N
     else:
         return None
     return LayerWeights(
-        in_norm=layer.input_layernorm.weight,
+        in_norm=norm.weight,
         qkv=qkv,
         q_norm=attn.q_norm.weight,
         k_norm=attn.k_norm.weight,
         o=attn.o_proj.weight,
-        post_norm=layer.post_attention_layernorm.weight,
-        eps=float(layer.input_layernorm.variance_epsilon),
+        post_norm=post_norm.weight,
+        eps=float(norm.variance_epsilon),
         qk_eps=float(attn.q_norm.variance_epsilon),
         q_heads=attn.q_proj.out_features // attn.head_dim,
         kv_heads=attn.k_proj.out_features // attn.head_dim,

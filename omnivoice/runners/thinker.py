@@ -194,7 +194,7 @@ class ThinkerRunner:
         keys = position_keys(req.prompt, self.spec.audio_pad_id) if req.cache_key else []
         entry, reuse = self.prefix.match(req.cache_key, keys) if req.cache_key else (None, 0)
         reuse = min(reuse, n - 1)  # at least one position is computed, for the first token's logits
-        if entry is not None:
+        if entry is not None and req.cache_key:  # an entry is only found under a key
             slot = self.prefix.take(req.cache_key)  # the conversation's slot: prefill on top of it in place
         else:
             if self.cache.free_slots == 0:

@@ -25,7 +25,8 @@ def _forward(fn: Any, alpha: torch.Tensor, inv_beta: torch.Tensor, x: torch.Tens
     return fn(x, alpha, inv_beta)
 
 
-def _snakes(module: torch.nn.Module) -> list[torch.nn.Module]:
+def _snakes(module: torch.nn.Module) -> list[Any]:
+    """transformers' SnakeBeta modules in `module` (duck-typed: `alpha`, `beta`, `no_div_by_zero`)."""
     return [m for m in module.modules() if type(m).__name__.endswith("SnakeBeta")]
 
 

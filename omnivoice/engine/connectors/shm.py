@@ -40,9 +40,10 @@ class ShmConnector:
         shm = SharedMemory(name=self._prefix + secrets.token_hex(8), create=True, size=total)
         # the reader unlinks it; stop this process's tracker from unlinking it again at exit
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        buf = _buffer(shm)
         offset = 0
         for r in raws:
-            shm.buf[offset : offset + r.nbytes] = r
+            buf[offset : offset + r.nbytes] = r
             offset += r.nbytes
         name = shm.name
         shm.close()
@@ -55,11 +56,12 @@ class ShmConnector:
             return pickle.loads(data, buffers=[bytearray(b) for b in payload])
         shm = SharedMemory(name=name)
         try:
-            blob = bytearray(shm.buf[: sum(payload)])
+            blob = bytearray(_buffer(shm)[: sum(payload)])
         finally:
             shm.close()
             shm.unlink()  # also unregisters it from this process's tracker
-        views, offset = [], 0
+        views: list[memoryview] = []
+        offset = 0
         mv = memoryview(blob)
         for size in payload:
             views.append(mv[offset : offset + size])
@@ -74,7 +76,7 @@ class ShmConnector:
         return self._decode(item)
 
     def drain(self) -> list[Any]:
-        out = []
+        out: list[Any] = []
         while True:
             try:
                 item = self._q.get_nowait()
@@ -95,3 +97,10 @@ class ShmConnector:
             pass
         self._q.close()
         self._q.cancel_join_thread()
+
+
+def _buffer(shm: SharedMemory) -> memoryview:
+    """The segment's bytes (typeshed allows None, which a segment has only once closed)."""
+    if shm.buf is None:
+        raise RuntimeError(f"shared memory segment {shm.name} is closed")
+    return shm.buf
