@@ -12,8 +12,8 @@ burst), each part of a layer's prefill in the forms the runtime could use:
   prefill);
 - attention: SDPA with the batch mask the prefill builds, and causal SDPA without a mask;
 - KV-cache writes: one copy per row, and one indexed copy per tensor.
-A change to the prefill should be measured here first (issue 8, step 5: one that was not measured
-part by part made the burst prefill slower). `--reduced` runs the test-sized layer (CPU smoke test).
+A change to the prefill should be measured here first, part by part: a part that gets slower can
+hide in the whole prefill's time. `--reduced` runs the test-sized layer (CPU smoke test).
 """
 
 from __future__ import annotations

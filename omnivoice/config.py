@@ -75,10 +75,10 @@ class StageConfig(_Strict):
     fused_prefill: bool = Field(
         False,
         description="thinker and talker on CUDA devices: prompts through the same fused, compiled layers as "
-        "decode steps instead of transformers' modules (fewer kernel launches: on the H200 a lone 128-token "
-        "prompt's first token came in 61 ms instead of 104). Experimental: each new kind of prompt batch "
-        "compiles (four kinds are compiled at start, ~100 s more), and bursts of 32 prompts have not been "
-        "measured since a compile while serving stalled one 16 s (BENCHMARKS.md, issue 8 step 6)",
+        "decode steps instead of transformers' modules (fewer kernel launches, so a prompt's first token "
+        "comes sooner). Experimental: each new kind of prompt batch compiles (four kinds are compiled at "
+        "start, which lengthens it), and a compile while serving stalls the burst that meets it (see "
+        "BENCHMARKS.md)",
     )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
@@ -144,8 +144,7 @@ class TalkerStage(StageConfig):
         None,
         description="the code predictor's layers as Triton kernels, five per layer with the norms, rope, "
         "KV writes and residuals fused in, and each step's sampling and embedding gather as one kernel "
-        "(a frame 2.97 ms at batch 1 and 3.67 ms at batch 32 on the H200, against 5.13 and 5.56 ms for "
-        "the compiled torch layers). Default "
+        "(faster frames than the compiled torch layers: see BENCHMARKS.md). Default "
         "(null): on for CUDA devices where Triton is installed and the model is bfloat16 or float16; "
         "true: required (an error otherwise); false: the torch layers",
     )

@@ -1,12 +1,11 @@
 """The cyclic garbage collector in a process that holds a model.
 
 A built stage holds millions of long-lived Python objects (modules, parameters, torch.compile's
-graphs, guards and generated code). Each full collection of the cyclic GC walks all of them: in the
-GPU benchmark such a pause stalled every stage thread of the server at once, for hundreds of
-milliseconds. Once the model is built, `freeze_built_objects` moves everything alive to the GC's
-permanent generation, which collections skip; objects made later (requests, sessions) are collected
-as before, and a stopped engine thaws them again. `watch_gc_pauses` logs any collection that still
-takes long.
+graphs, guards and generated code). Each full collection of the cyclic GC walks all of them, a pause
+that stalls every stage thread of the server at once (BENCHMARKS.md has the figures). Once the model
+is built, `freeze_built_objects` moves everything alive to the GC's permanent generation, which
+collections skip; objects made later (requests, sessions) are collected as before, and a stopped
+engine thaws them again. `watch_gc_pauses` logs any collection that still takes long.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The first time a stage prefills a full batch of prompts it pays costs that later bursts do not: the
 CUDA caching allocator grows its pools to the burst's working set, and the libraries pick and set up
 kernels for the new shapes. Captured CUDA graphs cover the decode steps but not the prefill, so
-without this the first wave of real users pays (BENCHMARKS.md, issue 8 step 7: the first 32-prompt
-prefill step after the start took 345 ms where a step usually takes 11 ms). The burst's requests are
+without this the first wave of real users pays for them, in a first prefill step many times slower
+than the later ones (BENCHMARKS.md has the figures). The burst's requests are
 chat prompts of random text ids, as long as the thinker prefills in one step allows (at most 256
 tokens each), two text tokens and one audio chunk each; their outputs are dropped.
 """

@@ -7,8 +7,9 @@ slot b of a scratch cache that lives for one frame.
 
 On CUDA devices with Triton, the layers run as `predictor_kernels` (five kernels a layer instead of
 ~14 torch kernels), and each step's sampling and embedding gather as one `residual_code_kernel`
-instead of ~17 torch kernels: a frame 2.97 ms at batch 1 and 3.67 ms at batch 32 on the H200, against
-5.13 and 5.56 ms with the compiled torch layers. It is still the largest part of a talker step.
+instead of ~17 torch kernels: at a few dozen rows a frame costs what its kernel launches and weight
+reads cost, so fewer kernels make a faster frame (BENCHMARKS.md compares the two). Even so, the code
+predictor is a large part of a talker step.
 """
 
 from __future__ import annotations

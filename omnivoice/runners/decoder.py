@@ -143,9 +143,9 @@ class DecoderStack:
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """`forward` of prompts; with `fuse(prefill=True)` through the fused, compiled layers of a
         decode step (`forward_indexed`): a prompt's forward through transformers' modules is bound by
-        launching their kernels (~100 ms of a 128-token prompt on the H200), the compiled layers
-        launch a third as many. A row's right padding writes keys and values past its prompt, where
-        nothing attends before its decode steps overwrite them. Advances the slots."""
+        launching their kernels, and the compiled layers launch far fewer. A row's right padding writes
+        keys and values past its prompt, where nothing attends before its decode steps overwrite them.
+        Advances the slots."""
         b, t, _ = h.shape
         end = max(starts) + t
         if not self._fused_prefill or end > cache.max_len:
@@ -161,8 +161,8 @@ class DecoderStack:
 
     def warm_prefill(self, cache: SlotKVCache, dtype: torch.dtype) -> None:
         """Compile the fused layers at prompt shapes before serving, or the first requests would wait
-        for it (seconds each; a 32-prompt burst stalled 16 s on the H200 when its shape was first met
-        while serving). torch.compile specialises one-row batches, and the MoE's grouping switches
+        for it (a compile takes seconds, and a burst whose shape is first met while serving stalls
+        every request in it). torch.compile specialises one-row batches, and the MoE's grouping switches
         past `fused_layers.SCAN_PAIRS` pairs, so four kinds of prompt batch are run once each: one row
         and two rows, each below and past the switch. Borrows free slots and gives them back."""
         if not self._fused_prefill or not isinstance(self._layer, CompiledFn):

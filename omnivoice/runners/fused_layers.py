@@ -216,8 +216,8 @@ def moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
     pairs = chosen.reshape(-1)  # [P], P = N*k, pair p = (token p // k, expert pairs[p])
     if pairs.shape[0] > SCAN_PAIRS:
         # A prefill: group the pairs by a stable sort on their expert. The one-hot scan below does
-        # [P, E] work (15 ms a layer for a burst of 32 prompts on the H200, against 1.9 ms for the
-        # sort: BENCHMARKS.md, issue 8 step 6); both give the same groups in the same order.
+        # [P, E] work, which dominates a layer once a burst of prompts brings thousands of pairs
+        # (BENCHMARKS.md compares the two); both give the same groups in the same order.
         order, offsets = _sort_pairs(pairs, experts)
         out = _grouped_experts(x[order // w.top_k], w, offsets)
         per_pair = torch.empty_like(out)

@@ -23,10 +23,10 @@ eager runs both use these kernels, so those two agree exactly.
 
 At a few dozen rows a GEMM is a weight read, fast only when every multiprocessor has loads in
 flight: the default tiling computes the products transposed (the weight tile the MMA's wide operand)
-and splits K over several programs for GEMMs of few column tiles. Measured on the H200 (BENCHMARKS.md,
-issue 8 step 7), with `residual_code_kernel` for the sampling: a frame 2.97 ms at batch 1 and 3.67 ms
-at batch 32, against 5.13 and 5.56 ms for the compiled torch layers; the GEMMs take 5-9 us each (the
-first version's, unsplit and untransposed: ~10 us, bound by too few programs' dependent loads).
+and splits K over several programs for GEMMs of few column tiles. Of the tilings measured, that one
+gives the fastest frame, and the kernels a faster frame than the compiled torch layers (BENCHMARKS.md
+has the figures); an unsplit, untransposed tiling leaves too few programs, each waiting on its own
+dependent loads.
 """
 
 from __future__ import annotations
@@ -292,9 +292,9 @@ class Tiles:
     over up to `max_split` programs per tile to get there (0: never split); `swap`: the products
     computed transposed (see `_gemm_kernel`). Small column tiles and
     split K: at a few dozen rows a GEMM is a weight read, fast only when spread over every
-    multiprocessor (132 on the H200)."""
+    multiprocessor."""
 
-    # the defaults: the best frame of six tilings on the H200 (BENCHMARKS.md, issue 8 step 7)
+    # the defaults: the tiling of the fastest frame among those measured (see BENCHMARKS.md)
     block_n: int = 64
     block_k: int = 64
     stages: int = 4

@@ -2,15 +2,15 @@
 
 Each of a frame's 15 steps turns the head's logits [B, V] into a code per row (argmax, or top-k 50
 then top-p 0.8 drawn by inverse CDF as `code_predictor.sample_residual`) and gathers its embedding.
-As torch ops that is ~17 tiny kernels (torch.topk alone ~22 us on the H200), 50-70 us a step. Here
-the head stays a cuBLAS GEMM and everything after it is `_residual_code_kernel`, one program per row:
+As torch ops that is ~17 tiny kernels, a step that costs what their launches cost. Here the head
+stays a cuBLAS GEMM and everything after it is `_residual_code_kernel`, one program per row:
 
 1. the row's logits (fp32) become integer sort keys: the float bits mapped to a signed integer of
    the same order (negative: all bits but the sign flipped) in the upper half, BLOCK_V - 1 - index
    in the lower, so equal logits rank the smaller index higher (`torch.argmax`'s rule); padded lanes
    are -inf with larger indices, so they rank below every real code. bfloat16 logits (the model's)
-   take 32-bit keys from their 16 bits, others 64-bit keys from the fp32 bits (the kernel ~15 us
-   instead of ~6 us on the H200 at V = 2048: 64-bit compare-and-swaps cost twice as much);
+   take 32-bit keys from their 16 bits, others 64-bit keys from the fp32 bits (the sort's
+   compare-and-swaps, most of the kernel's work, are cheaper on the narrower keys);
 2. a bitonic top-k of the keys (`_top_ascending`): the T = next_power_of_2(K) largest, ascending, so
    the top K are the lanes r >= T - K, in `sample_residual`'s flipped order, and the last lane is the
    greedy code;
@@ -24,9 +24,9 @@ boundary, or a row whose cumulative probability lies within rounding of 1 - 0.8,
 neighbouring code; everything else matches `sample_residual` exactly. Among equal logits torch.topk's
 order is unspecified; here the smaller index counts as the more likely, for greedy and sampled rows.
 
-Measured on the H200 at V = 2048, H = 1024 (from CUDA graphs): a step 9-10 us instead of 51-69 us
-(GEMM ~3.7 us, this kernel 5.6-6.6 us), a whole frame with the layer kernels (their 32 x 128 split
-tiling of that run) 3.37 / 3.45 / 4.01 ms instead of 4.16 / 4.41 / 4.95 ms at batch 1 / 8 / 32.
+A step is then two kernels (the GEMM and this one) instead of ~17, and a frame with the layer
+kernels is faster than with the torch sampling at every batch size measured (BENCHMARKS.md has the
+figures).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _bitonic_merge(h, stage: tl.constexpr, order: tl.constexpr, N_DIMS: tl.const
     """`stage` compare-and-swap rounds over a [2] * N_DIMS hypercube: runs of 2**stage sorted ascending
     (order 0) or alternately ascending and descending (order 2). Each round swaps along one dimension
     by its min and max (Triton's own sort takes an xor reduction, which its interpreter runs element
-    by element: seconds per row at V = 2048)."""
+    by element: far too slow for the CPU tests)."""
     flip = _indicator(N_DIMS, stage) if order == 2 else 0
     for r in tl.static_range(stage):  # bit stage - 1 - r: dimension N_DIMS - stage + r
         right = _indicator(N_DIMS, stage - 1 - r) ^ flip
@@ -65,8 +65,8 @@ def _bitonic_merge(h, stage: tl.constexpr, order: tl.constexpr, N_DIMS: tl.const
 def _top_ascending(x, LOG_N: tl.constexpr, LOG_T: tl.constexpr):
     """The 2**LOG_T largest of x [2**LOG_N], ascending: bitonic top-k (Triton 3.9's `sort_impl`):
     sort runs of 2**LOG_T, then halve by the pairwise max of neighbouring runs (the larger half of an
-    ascending and a descending run) and merge again, until one run is left. On the H200, the top 64
-    of 2048 int64 keys take ~11 us, a full `tl.sort` of them ~31 us."""
+    ascending and a descending run) and merge again, until one run is left. Cheaper than a full
+    `tl.sort`: merges never grow past runs of 2**LOG_T, and each halving drops half the keys."""
     h = tl.reshape(x, [2] * LOG_N)
     for i in tl.static_range(1, LOG_T + 1):
         h = _bitonic_merge(h, i, 2 if i < LOG_N else 0, LOG_N)

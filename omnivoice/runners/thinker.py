@@ -83,7 +83,7 @@ class ThinkerRunner:
         self.spec = spec
         self.cfg = cfg
         self.device = device
-        # transformers 5.2x wraps the text model as `model.language_model`; 5.17 (the H200 image) does not
+        # transformers 5.2x wraps the text model as `model.language_model`; 5.17 (the GPU image's) does not
         text_model = getattr(thinker.model, "language_model", thinker.model)
         self.stack = DecoderStack(text_model, multimodal_rope=True)
         if device.type == "cuda":
