@@ -21,8 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from omnivoice.runners.code_predictor import CodePredictor, residual_code
+from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.predictor_kernels import LayerKernels, Tiles
+from omnivoice.runners.residual_sampling import residual_code
 from tests.engine.predictor_kernels_check import GEMMS, build, compare, inputs
 
 

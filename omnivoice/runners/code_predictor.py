@@ -23,10 +23,7 @@ import torch.nn.functional as F
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.fused_layers import CompiledFn
 from omnivoice.runners.graphs import StepGraphs
-
-# transformers' generate() samples the residual codebooks with these when the talker samples
-TOP_K = 50
-TOP_P = 0.8
+from omnivoice.runners.residual_sampling import residual_code
 
 log = logging.getLogger(__name__)
 
@@ -195,28 +192,3 @@ class _KernelFrame:
 
     def step(self, embed: torch.Tensor, k: int) -> torch.Tensor:
         return self.final_norm(self.layers(embed.contiguous(), *self.step_rows(embed.shape[0], k)))
-
-
-def residual_code(
-    hidden: torch.Tensor, head: torch.Tensor, table: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [B, H] -> a residual code [B] (its head's logits sampled as `sample_residual`) and its
-    embedding [B, H] from `table`."""
-    code = sample_residual(F.linear(hidden, head), u, greedy)
-    return code, F.embedding(code, table)
-
-
-def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """One residual code per row: argmax where `greedy`, else transformers' top-k 50 then top-p 0.8 at
-    temperature 1, drawn by inverse CDF with the row's uniform `u` [B]. Device ops only, on the 50
-    best codes rather than the whole codebook (a handful of tiny kernels per code)."""
-    scores = logits.float()
-    top, index = torch.topk(scores, min(TOP_K, scores.shape[-1]), dim=-1)  # descending
-    top, index = top.flip(-1), index.flip(-1)  # ascending, as transformers' top-p sorts
-    cum = top.softmax(-1).cumsum(-1)
-    drop = cum <= (1 - TOP_P)
-    drop[:, -1] = False  # always keep the most likely code
-    cdf = top.masked_fill(drop, float("-inf")).softmax(-1).cumsum(-1)  # [B, K]
-    pick = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)
-    drawn = index.gather(1, pick.clamp_max(cdf.shape[-1] - 1))[:, 0]
-    return torch.where(greedy, logits.argmax(-1), drawn)

@@ -1,7 +1,7 @@
 """A code-predictor step's residual code as one Triton kernel: sampling and embedding gather fused.
 
 Each of a frame's 15 steps turns the head's logits [B, V] into a code per row (argmax, or top-k 50
-then top-p 0.8 drawn by inverse CDF as `code_predictor.sample_residual`) and gathers its embedding.
+then top-p 0.8 drawn by inverse CDF as `residual_sampling.sample_residual`) and gathers its embedding.
 As torch ops that is ~17 tiny kernels, a step that costs what their launches cost. Here the head
 stays a cuBLAS GEMM and everything after it is `_residual_code_kernel`, one program per row:
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from omnivoice.runners.code_predictor import TOP_K, TOP_P
+from omnivoice.runners.residual_sampling import TOP_K, TOP_P
 
 _BLOCK_H = 256  # embedding columns copied per loop iteration
 
@@ -162,6 +162,6 @@ def _log2(n: int) -> int:
 def residual_code(
     hidden: torch.Tensor, head: torch.Tensor, table: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`code_predictor.residual_code` with the sampling and gather fused: hidden [B, H] -> a residual
+    """`residual_sampling.residual_code` with the sampling and gather fused: hidden [B, H] -> a residual
     code [B] (the head's logits, a cuBLAS GEMM, sampled as `sample_residual`) and its embedding [B, H]."""
     return sample_embed(F.linear(hidden, head), table, u, greedy)

@@ -1,4 +1,4 @@
-"""The fused residual-code kernel against `code_predictor.sample_residual` and `residual_code`.
+"""The fused residual-code kernel against `residual_sampling.sample_residual` and `residual_code`.
 
 Run by tests/engine/test_residual_code_kernel.py: in a subprocess under Triton's interpreter on the
 CPU (the interpreter is chosen when Triton compiles the kernel), whose last stdout line is a dict of
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from omnivoice.runners import code_predictor
+from omnivoice.runners import residual_sampling
 from omnivoice.runners.residual_code_kernel import residual_code, sample_embed
 
 # a draw may pick the neighbouring code when u * total lies this close to a CDF boundary (or a row's
@@ -81,7 +81,7 @@ def agreement(
 ) -> dict[str, object]:
     """The kernel's codes and embeddings against sample_residual's codes on the same inputs. Sampled
     rows may differ only near a boundary (`near_boundary`); greedy rows and embeddings must be exact."""
-    want = code_predictor.sample_residual(logits, u, greedy)
+    want = residual_sampling.sample_residual(logits, u, greedy)
     near = near_boundary(logits.float(), u.float()) & ~greedy
     wrong = codes != want
     sampled = ~greedy
@@ -132,7 +132,7 @@ def greedy_ties(dtype: torch.dtype) -> dict[str, object]:
     codes, embeds = sample_embed(logits, table, torch.full((4,), 0.5), greedy)
     return {
         "codes": codes.tolist(),
-        "torch_codes": code_predictor.sample_residual(logits, torch.full((4,), 0.5), greedy).tolist(),
+        "torch_codes": residual_sampling.sample_residual(logits, torch.full((4,), 0.5), greedy).tolist(),
         "embeds_exact": bool(torch.equal(embeds, table[codes])),
     }
 
@@ -147,7 +147,7 @@ def sampled_ties(dtype: torch.dtype) -> list[int]:
 
 
 def wrapper(seed: int = 5) -> dict[str, object]:
-    """`residual_code` (head GEMM then the kernel) against code_predictor's: a one-hot hidden picks a
+    """`residual_code` (head GEMM then the kernel) against residual_sampling's: a one-hot hidden picks a
     column of the head, so the logits are that column exactly (tie-free), whatever the GEMM's order."""
     g = torch.Generator().manual_seed(seed)
     v, h, b = 256, 64, 32
@@ -156,7 +156,7 @@ def wrapper(seed: int = 5) -> dict[str, object]:
     u, greedy = uniforms(b, g), torch.arange(b) % 4 == 3
     table = torch.randn(v, h, generator=g)
     code, embed = residual_code(hidden, head, table, u, greedy)
-    want_code, want_embed = code_predictor.residual_code(hidden, head, table, u, greedy)
+    want_code, want_embed = residual_sampling.residual_code(hidden, head, table, u, greedy)
     logits = F.linear(hidden, head)
     return {
         **agreement(logits, u, greedy, code, embed, table),

@@ -1,4 +1,4 @@
-"""The fused residual-code kernel samples as `code_predictor.sample_residual` and gathers exactly.
+"""The fused residual-code kernel samples as `residual_sampling.sample_residual` and gathers exactly.
 
 On the CPU the kernel runs under Triton's interpreter, in one subprocess for the module (the
 interpreter is chosen when Triton compiles, at import; `residual_code_check` prints each scenario's

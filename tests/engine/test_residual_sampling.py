@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from omnivoice.runners.code_predictor import sample_residual
+from omnivoice.runners.residual_sampling import sample_residual
 
 
 def test_inverse_cdf_over_a_uniform_grid_reproduces_transformers_probabilities() -> None:
