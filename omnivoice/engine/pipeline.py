@@ -9,6 +9,7 @@ so that a start after a crash of this server can take back what it left.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing as mp
 import os
@@ -23,6 +24,7 @@ from omnivoice.engine.chunks import Shutdown, StageName
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
 from omnivoice.engine.leftovers import RunRecord
+from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
 from omnivoice.engine.stage_process import stage_process_main
 
@@ -114,6 +116,7 @@ class Pipeline:
             pipe.processes.append(p)
         if pipe.processes:
             pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
+            atexit.register(pipe._end_at_exit)
         pipe._wait_ready(set(workers), timeout)
         return pipe
 
@@ -136,6 +139,20 @@ class Pipeline:
             if self.ray is not None and (dead := self.ray.dead()):
                 self.stop()
                 raise PipelineStartError(f"stage actors ended while starting: {', '.join(dead)}")
+
+    def _end_at_exit(self) -> None:
+        """This process exits with the stage processes still running (the shutdown that stops the
+        engine did not run, or failed). multiprocessing's own exit handler, which runs after this
+        one, would signal them with SIGTERM, which they ignore, then wait for them forever: kill them
+        here, and unlink the segments of the messages no one will read."""
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+        for p in self.processes:
+            p.join(5.0)
+        if self.record is not None:
+            self.record.remove()
+        unlink_segments(shm_prefix())
 
     def dead_workers(self) -> list[str]:
         """Names of stage threads, processes or actors that have stopped (only meaningful before stop())."""
@@ -163,6 +180,7 @@ class Pipeline:
         if self.stopped:
             return
         self.stopped = True
+        atexit.unregister(self._end_at_exit)
         self.broadcast(Shutdown())
         for t in self.threads:
             t.join(timeout)

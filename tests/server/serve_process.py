@@ -41,6 +41,20 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def running(pids: set[int] | list[int]) -> list[str]:
+    """Those of `pids` still running, each as `pid state command line` (for assertion messages)."""
+    found = []
+    for pid in sorted(pids):
+        if alive(pid):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            found.append(f"{pid} {stat[0]} ppid={stat[1]} {cmd[:160]}")
+    return found
+
+
 def write_profile(folder: Path, checkpoint: Path, worker: str = "process", **sections: Any) -> Path:
     """A profile YAML for the tiny model on a free port; `sections` add or replace profile sections."""
     stage = {"max_seq_len": 1024, "worker": worker}

@@ -24,7 +24,7 @@ from .fake_engine import FakeEngine, Script
 from .realtime.fake import client
 from .realtime.rt import Recorder
 from .serve import serve_thread
-from .serve_process import ServeProcess, alive, descendants, write_profile
+from .serve_process import ServeProcess, alive, descendants, running, write_profile
 from .telephony.carrier import call
 from .webrtc.peers import connect
 
@@ -216,7 +216,7 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
     deadline = time.monotonic() + 10
     while any(alive(c) for c in children) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert not [c for c in children if alive(c)], "stage processes left behind"
+    assert not running(children), running(children)  # stage processes left behind
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"omnivoice{pid}_")]
     assert "draining" in server.log and "Traceback" not in server.log, server.log[-3000:]
 
@@ -265,5 +265,9 @@ async def test_a_sigterm_to_the_whole_process_group_drains_and_stops_the_stages_
     assert "stage worker stopped" not in log and "restarting the stages" not in log, log[-3000:]
     for stage in ("thinker", "talker", "code2wav"):
         assert f"{stage} stage stopping" in log  # on the server's Shutdown, not killed by the signal
-    assert not [c for c in children if alive(c)], "stage processes left behind"
+    deadline = time.monotonic() + 10
+    while running(children) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not running(children), running(children)  # stage processes left behind
+    assert not list((tmp_path / "run").glob("*.json"))  # a clean stop leaves nothing to reclaim
     assert "nanobind" not in log and "Traceback" not in log, log[-3000:]
