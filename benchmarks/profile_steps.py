@@ -79,7 +79,7 @@ def code2wav_figures(code2wav, batch: int, steps: int, out: Path) -> dict[str, f
 def lm_figures(thinker, talker, profile, batch: int, steps: int, out: Path) -> dict[str, float]:
     """Thinker and talker steps of `batch` running requests, and their bare graph replays."""
     from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
-    from omnivoice.engine.chunks import NewRequest, ThinkerChunk
+    from omnivoice.messages import NewRequest, ThinkerChunk
     from omnivoice.models.dummy import NEWLINE_ID
 
     cfg = EngineLoadConfig(batch, batch, 0, prompt_tokens=128, text_tokens=64, audio_frames=240)

@@ -15,6 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from omnivoice.types import STAGES
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -407,7 +409,7 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
-        workers = {name: self.stages.stage(name).worker for name in ("thinker", "talker", "code2wav")}
+        workers = {name: self.stages.stage(name).worker for name in STAGES}
         if "ray" in workers.values() and "process" in workers.values():
             # with a ray stage every connector is a Ray queue, which a spawned process cannot reach
             process = next(name for name, w in workers.items() if w == "process")

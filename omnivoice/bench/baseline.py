@@ -21,9 +21,9 @@ import torch
 from omnivoice.bench.engine_load import EngineLoadConfig, EngineLoadResult, make_requests
 from omnivoice.bench.metrics import RequestRecord
 from omnivoice.config import Profile
-from omnivoice.engine.types import GenerationRequest, Sampling
 from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.loader import ModelSpec, load_model
+from omnivoice.types import GenerationRequest, Sampling
 
 log = logging.getLogger(__name__)
 

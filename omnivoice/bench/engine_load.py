@@ -20,9 +20,9 @@ import numpy as np
 
 from omnivoice.bench.metrics import RequestRecord
 from omnivoice.config import Profile, SamplingDefaults
-from omnivoice.engine.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
 from omnivoice.models import token_prompt
 from omnivoice.models.token_prompt import CHAT_LAYOUT_IDS, text_ids
+from omnivoice.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from omnivoice.types import STAGES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
@@ -60,7 +62,7 @@ def graph_steps(runner: Any) -> list[Any]:
 
 def drive(thinker: Any, talker: Any, requests: list[Any], code2wav: Any = None) -> RunOutput:
     """Run `requests` through the runners to the end, in one fixed order of steps."""
-    from omnivoice.engine.chunks import CodecChunk, NewRequest, PcmOutput, ThinkerChunk, TokenOutput
+    from omnivoice.messages import CodecChunk, NewRequest, PcmOutput, ThinkerChunk, TokenOutput
 
     tokens: dict[str, list[int]] = defaultdict(list)
     frames: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -184,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
     source = resolve_model_path(profile)
     print(f"building the thinker, talker and code2wav runners of {source}", file=sys.stderr, flush=True)
     began = time.perf_counter()
-    runners = build_runners(profile, source, only=(("thinker", 0), ("talker", 0), ("code2wav", 0)))
-    thinker, talker, code2wav = (runners[(s, 0)] for s in ("thinker", "talker", "code2wav"))
+    runners = build_runners(profile, source, only=tuple((s, 0) for s in STAGES))
+    thinker, talker, code2wav = (runners[(s, 0)] for s in STAGES)
     build_s = time.perf_counter() - began
     cfg = EngineLoadConfig(
         num_prompts=args.requests,
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     requests = make_requests(profile, thinker.spec, cfg, _newline_id(source), args.requests, "parity")
-    graphed = any(stages.stage(s).execution == "cuda_graph" for s in ("thinker", "talker", "code2wav"))
+    graphed = any(stages.stage(s).execution == "cuda_graph" for s in STAGES)
     outputs: dict[str, RunOutput] = {}
     for mode in ("eager", "graphed") if graphed else ("eager", "eager again"):
         for step in graph_steps(thinker) + graph_steps(talker) + graph_steps(code2wav):
@@ -205,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         outputs[mode] = o = drive(thinker, talker, requests, code2wav)
         counts = ", ".join(
             f"{n} {name} steps ({s:.2f} s)"
-            for name, n, s in zip(("thinker", "talker", "code2wav"), o.steps, o.step_seconds, strict=True)
+            for name, n, s in zip(STAGES, o.steps, o.step_seconds, strict=True)
         )
         print(f"{mode}: {counts}; {o.seconds:.2f} s in all", file=sys.stderr, flush=True)
     first, second = outputs.values()

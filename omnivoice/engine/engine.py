@@ -18,16 +18,23 @@ from dataclasses import replace
 from pathlib import Path
 
 from omnivoice.config import Profile
-from omnivoice.engine.chunks import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.leftovers import reclaim
-from omnivoice.engine.pipeline import STAGES, Pipeline
-from omnivoice.engine.request_state import ModelInfo, RequestState
+from omnivoice.engine.pipeline import Pipeline
+from omnivoice.engine.request_state import RequestState
 from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.engine.source import resolve_model_path
 from omnivoice.engine.stage import StageCrashed
 from omnivoice.engine.supervisor import Supervisor
-from omnivoice.engine.types import (
+from omnivoice.engine.warm_burst import run_apart, warm_burst
+from omnivoice.messages import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
+from omnivoice.models.dummy import DummySource, dummy_spec
+from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
+from omnivoice.models.loader import ModelSpec, load_processor_parts
+from omnivoice.models.prompt import PromptBuilder
+from omnivoice.models.token_prompt import newline_id
+from omnivoice.types import (
+    STAGES,
     TALKER_PROMPT_EXTRA,
     AudioChunk,
     ChatMessage,
@@ -36,17 +43,12 @@ from omnivoice.engine.types import (
     EngineStats,
     Finished,
     GenerationRequest,
+    ModelInfo,
     Prompt,
     StageStats,
     TextDelta,
     Usage,
 )
-from omnivoice.engine.warm_burst import run_apart, warm_burst
-from omnivoice.models.dummy import DummySource, dummy_spec
-from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
-from omnivoice.models.loader import ModelSpec, load_processor_parts
-from omnivoice.models.prompt import PromptBuilder
-from omnivoice.models.token_prompt import newline_id
 
 log = logging.getLogger(__name__)
 

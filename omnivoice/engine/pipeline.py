@@ -20,20 +20,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
-from omnivoice.engine.chunks import Shutdown, StageName
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
 from omnivoice.engine.leftovers import RunRecord
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
 from omnivoice.engine.stage_process import stage_process_main
+from omnivoice.messages import Shutdown
+from omnivoice.types import STAGES, StageName
 
 if TYPE_CHECKING:
     from omnivoice.models.dummy import DummySource
 
 log = logging.getLogger(__name__)
-
-STAGES: tuple[StageName, ...] = ("thinker", "talker", "code2wav")
 
 
 class PipelineStartError(RuntimeError):

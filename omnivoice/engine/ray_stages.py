@@ -24,12 +24,12 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from omnivoice.config import Profile
-from omnivoice.engine.chunks import StageName
 from omnivoice.engine.connectors import Connector
 from omnivoice.engine.connectors.rayqueue import RayQueueConnector
 from omnivoice.engine.gc_policy import freeze_built_objects
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.logs import configure_logging
+from omnivoice.types import STAGES, StageName
 
 if TYPE_CHECKING:
     from omnivoice.models.dummy import DummySource
@@ -84,7 +84,7 @@ def actor_resources(profile: Profile, stage: StageName, replica: int) -> dict[st
 
 
 def ray_workers(profile: Profile) -> list[tuple[StageName, int]]:
-    stages: tuple[StageName, ...] = ("thinker", "talker", "code2wav")
+    stages = STAGES
     cfg = profile.stages.stage
     return [(s, r) for s in stages if cfg(s).worker == "ray" for r in range(cfg(s).replicas)]
 

@@ -1,25 +1,12 @@
-"""Per-request bookkeeping of the engine, and what it tells callers about the model."""
+"""Per-request bookkeeping of the engine: a request's output queue, detokenizer and stage results."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
-from omnivoice.engine.chunks import StageFinished
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
-from omnivoice.engine.types import EngineOutput, GenerationRequest
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    served_name: str
-    sample_rate: int
-    voices: tuple[str, ...]
-    default_voice: str
-    max_prompt_tokens: int
-    # Text longer than this (in characters) cannot fit max_prompt_tokens: no vocabulary entry stands for
-    # more characters than max_prompt_chars / max_prompt_tokens. None: no tokenizer (token-id prompts).
-    max_prompt_chars: int | None = None
+from omnivoice.messages import StageFinished
+from omnivoice.types import EngineOutput, GenerationRequest
 
 
 class RequestState:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from omnivoice.engine.types import GenerationRequest
+from omnivoice.types import GenerationRequest
 
 AFFINITY_MEMORY = 65536  # conversations remembered for thinker affinity
 

@@ -15,27 +15,26 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from omnivoice.engine.chunks import (
+from omnivoice.engine.connectors import Connector
+from omnivoice.engine.process_stats import process_stats
+from omnivoice.messages import (
     Abort,
     CodecChunk,
     NewRequest,
     PcmOutput,
     Shutdown,
     StageFinished,
-    StageName,
     ThinkerChunk,
     TokenOutput,
 )
-from omnivoice.engine.connectors import Connector
-from omnivoice.engine.process_stats import process_stats
-from omnivoice.engine.types import StageStats
+from omnivoice.types import STAGES, StageName, StageStats
 
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.1
 IDLE_STATS_INTERVAL_S = 1.0  # an idle worker still reports (its process figures) this often
 PARENT_CHECK_S = 0.5  # how often a stage process checks that its server is still its parent
-STAGE_INDEX = {"thinker": 0, "talker": 1, "code2wav": 2}
+STAGE_INDEX = {name: i for i, name in enumerate(STAGES)}
 ABORTED_MEMORY = 4096
 # How long an aborted id is remembered. Messages for it still in flight were sent by the upstream
 # stage before it handled the same abort (one of its steps plus one queue hop: far less than this);

@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
-from omnivoice.engine.chunks import StageName
 from omnivoice.engine.gc_policy import freeze_built_objects
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.logs import configure_logging
+from omnivoice.types import StageName
 
 if TYPE_CHECKING:
     from omnivoice.models.dummy import DummySource

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from omnivoice.engine.types import Finished, GenerationRequest, Sampling
 from omnivoice.models.token_prompt import CHAT_LAYOUT_IDS, chat_prompt, text_ids
+from omnivoice.types import Finished, GenerationRequest, Sampling
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine

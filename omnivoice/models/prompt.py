@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
-from omnivoice.engine.types import AudioPart, ChatMessage, Prompt, TextPart
 from omnivoice.models.loader import ModelSpec
+from omnivoice.types import AudioPart, ChatMessage, Prompt, TextPart
 
 ROLES = ("system", "user", "assistant")
 

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from omnivoice.engine.types import Prompt
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.prompt import audio_inputs
+from omnivoice.types import Prompt
 
 
 def reference_generate(

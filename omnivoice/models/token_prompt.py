@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from omnivoice.engine.types import Prompt
 from omnivoice.models.loader import ModelSpec
+from omnivoice.types import Prompt
 
 CHAT_LAYOUT_IDS = 8  # the ids `chat_prompt` puts around the body
 

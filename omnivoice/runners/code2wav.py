@@ -20,11 +20,11 @@ import numpy as np
 import torch
 
 from omnivoice.config import ChunkConfig, StageConfig
-from omnivoice.engine.chunks import CodecChunk, PcmOutput, StageFinished
-from omnivoice.engine.types import StageStats
+from omnivoice.messages import CodecChunk, PcmOutput, StageFinished
 from omnivoice.runners.chunking import chunk_frames, window_lengths
 from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
 from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
+from omnivoice.types import StageStats
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from omnivoice.config import Profile
-from omnivoice.engine.chunks import StageName
 from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.loader import ModelSpec, load_model
+from omnivoice.types import StageName
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnivoice.engine.types import Prompt
+from omnivoice.types import Prompt
 
 
 @dataclass

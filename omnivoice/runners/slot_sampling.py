@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from omnivoice.engine.types import Sampling
 from omnivoice.runners.transfer import to_device
+from omnivoice.types import Sampling
 
 
 def request_generator(seed: int | None) -> torch.Generator:

@@ -24,14 +24,14 @@ import numpy as np
 import torch
 
 from omnivoice.config import TalkerStage
-from omnivoice.engine.chunks import CodecChunk, StageFinished, ThinkerChunk
-from omnivoice.engine.types import GenerationRequest, StageStats
+from omnivoice.messages import CodecChunk, StageFinished, ThinkerChunk
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.slot_sampling import SlotSampler, request_generator
 from omnivoice.runners.transfer import ReadBack, to_device
+from omnivoice.types import GenerationRequest, StageStats
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec

@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from omnivoice.config import ThinkerStage
-from omnivoice.engine.chunks import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
-from omnivoice.engine.types import GenerationRequest, Sampling, StageStats
+from omnivoice.messages import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
 from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_inputs import embed_prompt
 from omnivoice.runners.transfer import ReadBack, to_device
+from omnivoice.types import GenerationRequest, Sampling, StageStats
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from omnivoice.engine.types import Prompt
 from omnivoice.models.prompt import audio_inputs
+from omnivoice.types import Prompt
 
 
 def audio_spans(ids: tuple[int, ...], audio_pad_id: int) -> list[tuple[int, int]]:

@@ -22,17 +22,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnivoice.config import Profile
-from omnivoice.engine.types import (
-    AudioChunk,
-    EngineOverloaded,
-    Finished,
-    GenerationRequest,
-    Prompt,
-    Sampling,
-    TextDelta,
-    Usage,
-    text_exceeds,
-)
 from omnivoice.server.chat_format import ChunkWriter, Turn, completion_body, encode_audio
 from omnivoice.server.chat_schema import (
     ChatRequest,
@@ -54,6 +43,17 @@ from omnivoice.server.errors import (
 )
 from omnivoice.server.metrics import RequestTimer
 from omnivoice.server.sse import DONE, EventStreamResponse, run_unless_disconnected, sse_event
+from omnivoice.types import (
+    AudioChunk,
+    EngineOverloaded,
+    Finished,
+    GenerationRequest,
+    Prompt,
+    Sampling,
+    TextDelta,
+    Usage,
+    text_exceeds,
+)
 
 log = logging.getLogger(__name__)
 

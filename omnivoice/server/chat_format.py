@@ -43,7 +43,7 @@ from typing import Any, Literal
 import numpy as np
 
 from omnivoice.audio import encode_wav, pcm16_bytes
-from omnivoice.engine.types import Usage
+from omnivoice.types import Usage
 
 AUDIO_TTL_S = 24 * 3600
 

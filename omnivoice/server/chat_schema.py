@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from omnivoice.audio import AudioDecodeError, decode_base64_audio
-from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
 from omnivoice.server.errors import APIError, bad_request
+from omnivoice.types import AudioPart, ChatMessage, TextPart
 
 _UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
 # OpenAI parameters this server does not implement, each with the values that ask for nothing.

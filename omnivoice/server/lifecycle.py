@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from omnivoice.config import Profile
-from omnivoice.engine.types import EngineStats
 from omnivoice.server.errors import server_overloaded, service_unavailable, shutting_down
+from omnivoice.types import EngineStats
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine

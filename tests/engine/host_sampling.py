@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from omnivoice.engine.types import Sampling
 from omnivoice.runners.transfer import to_device
+from omnivoice.types import Sampling
 
 
 class RequestSampler:

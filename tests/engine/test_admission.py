@@ -11,7 +11,7 @@ import pytest
 
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
-from omnivoice.engine.types import (
+from omnivoice.types import (
     ChatMessage,
     EngineOverloaded,
     Finished,

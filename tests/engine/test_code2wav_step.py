@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from omnivoice.config import ChunkConfig, Code2WavStage
-from omnivoice.engine.chunks import CodecChunk, PcmOutput, StageFinished
+from omnivoice.messages import CodecChunk, PcmOutput, StageFinished
 from omnivoice.models.loader import load_model
 from omnivoice.runners.code2wav import Code2WavRunner
 from omnivoice.runners.code2wav_step import Code2WavStep

@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from omnivoice.engine.chunks import CodecChunk, ThinkerChunk
 from omnivoice.engine.connectors import LocalConnector, ShmConnector
+from omnivoice.messages import CodecChunk, ThinkerChunk
 
 
 def _shm_segments() -> set[str]:

@@ -13,7 +13,9 @@ import torch
 
 from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.engine import RESTARTING, STOPPED, Engine
-from omnivoice.engine.types import (
+from omnivoice.models.loader import load_model
+from omnivoice.models.reference import reference_generate
+from omnivoice.types import (
     TALKER_PROMPT_EXTRA,
     AudioChunk,
     AudioPart,
@@ -24,8 +26,6 @@ from omnivoice.engine.types import (
     TextDelta,
     TextPart,
 )
-from omnivoice.models.loader import load_model
-from omnivoice.models.reference import reference_generate
 
 THINKER_TOKENS = 24
 TALKER_TOKENS = 70  # 69 frames: several 25-frame chunks after the first 4-frame one

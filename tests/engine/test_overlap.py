@@ -14,7 +14,7 @@ import pytest
 from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
 from omnivoice.bench.parity import compare, drive
 from omnivoice.config import parse_profile
-from omnivoice.engine.chunks import CodecChunk, NewRequest, StageFinished, ThinkerChunk
+from omnivoice.messages import CodecChunk, NewRequest, StageFinished, ThinkerChunk
 from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners.factory import build_runners
 

@@ -10,8 +10,8 @@ import pytest
 
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
-from omnivoice.engine.types import AudioPart, ChatMessage, GenerationRequest, Prompt, Sampling, TextPart
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, common_prefix, position_keys
+from omnivoice.types import AudioPart, ChatMessage, GenerationRequest, Prompt, Sampling, TextPart
 from tests.engine.test_engine import audio_of, collect, tokens_of
 
 PAD = 9

@@ -13,7 +13,7 @@ import yaml
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
 from omnivoice.engine.routing import ReplicaRouter
-from omnivoice.engine.types import GenerationRequest, Prompt
+from omnivoice.types import GenerationRequest, Prompt
 from tests.engine.test_engine import audio_of, collect, profile_for, request, tokens_of, wait_idle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from transformers.generation.logits_process import (
     SuppressTokensLogitsProcessor,
 )
 
-from omnivoice.engine.types import Sampling
+from omnivoice.types import Sampling
 
 from .host_sampling import RequestSampler, process_rows, sample_rows
 

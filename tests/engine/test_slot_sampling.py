@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnivoice.engine.types import Sampling
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.slot_sampling import SlotSampler
+from omnivoice.types import Sampling
 
 from .host_sampling import RequestSampler, process_rows, sample_rows
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from omnivoice.engine import stage
-from omnivoice.engine.chunks import Abort, NewRequest, Shutdown, StageFinished, ThinkerChunk
 from omnivoice.engine.connectors import LocalConnector
 from omnivoice.engine.stage import StageWorker
-from omnivoice.engine.types import GenerationRequest, Prompt, StageStats
+from omnivoice.messages import Abort, NewRequest, Shutdown, StageFinished, ThinkerChunk
+from omnivoice.types import GenerationRequest, Prompt, StageStats
 
 
 class HoldingRunner:

@@ -11,8 +11,8 @@ import pytest
 from omnivoice.config import parse_profile
 from omnivoice.engine import warm_burst
 from omnivoice.engine.engine import Engine
-from omnivoice.engine.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
 from omnivoice.models.dummy import REDUCED, DummySource
+from omnivoice.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
 
 STAGE = {"worker": "thread", "max_batch": 3, "max_seq_len": 256}
 

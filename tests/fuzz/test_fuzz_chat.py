@@ -12,9 +12,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from omnivoice.audio import encode_wav
-from omnivoice.engine.types import AudioPart, TextPart
 from omnivoice.server.chat_schema import parse_chat_request, to_engine_messages
 from omnivoice.server.errors import APIError
+from omnivoice.types import AudioPart, TextPart
 
 from .strategies import b64, json_values, lying_base64, mutated, pick
 from .test_fuzz_wav import wav_files

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
-from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
 from omnivoice.models.dummy import ENDOFTEXT_ID, NEWLINE_ID, DummySource, dummy_config, dummy_spec
 from omnivoice.models.dummy_tokenizer import (
     ADDED_TOKENS,
@@ -19,6 +18,7 @@ from omnivoice.models.dummy_tokenizer import (
     load_dummy_processor_parts,
 )
 from omnivoice.models.prompt import PromptBuilder
+from omnivoice.types import AudioPart, ChatMessage, TextPart
 
 FULL = DummySource("qwen3-omni-30b-a3b")
 # The real tokenizer's ids, written out here rather than read from the module under test.

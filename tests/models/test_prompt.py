@@ -7,9 +7,9 @@ import pytest
 import soxr
 import torch
 
-from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
 from omnivoice.models.loader import load_model, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder, PromptError, audio_inputs
+from omnivoice.types import AudioPart, ChatMessage, TextPart
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from omnivoice.engine.types import AudioPart, ChatMessage, TextPart
 from omnivoice.models.loader import load_model, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 from omnivoice.models.reference import reference_generate
+from omnivoice.types import AudioPart, ChatMessage, TextPart
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from typing import Any, Literal
 import numpy as np
 
 from omnivoice.config import Profile, parse_profile
-from omnivoice.engine.types import (
+from omnivoice.server import create_app
+from omnivoice.types import (
     AudioChunk,
     AudioPart,
     ChatMessage,
@@ -32,7 +33,6 @@ from omnivoice.engine.types import (
     TextPart,
     Usage,
 )
-from omnivoice.server import create_app
 
 from .serve import serve
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from omnivoice.audio import encode_wav, pcm16_bytes
-from omnivoice.engine.types import AudioPart, TextPart
+from omnivoice.types import AudioPart, TextPart
 
 from .fake_engine import FakeServer, serve_fake
 

@@ -12,9 +12,9 @@ import soxr
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.wav import AudioDecodeError
-from omnivoice.engine.types import text_exceeds
 from omnivoice.server.realtime import protocol as p
 from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Item, new_id
+from omnivoice.types import text_exceeds
 
 if TYPE_CHECKING:
     from omnivoice.server.realtime.session import Session

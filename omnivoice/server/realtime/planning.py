@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from omnivoice.engine.types import Sampling, text_exceeds
 from omnivoice.server.realtime.items import too_long
 from omnivoice.server.realtime.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
 from omnivoice.server.realtime.response import ResponsePlan
@@ -18,6 +17,7 @@ from omnivoice.server.realtime.session_config import (
     resolve_format,
     resolve_voice,
 )
+from omnivoice.types import Sampling, text_exceeds
 
 if TYPE_CHECKING:
     from omnivoice.server.realtime.session import Session

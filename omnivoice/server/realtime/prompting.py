@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from omnivoice.engine.types import ChatMessage, Prompt, TextPart, text_exceeds
 from omnivoice.server.realtime.conversation import Conversation
+from omnivoice.types import ChatMessage, Prompt, TextPart, text_exceeds
 
 
 async def build_prompt(

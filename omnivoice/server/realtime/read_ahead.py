@@ -13,7 +13,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 
-from omnivoice.engine.types import EngineOutput, Finished
+from omnivoice.types import EngineOutput, Finished
 
 
 class ReadAhead:

@@ -23,7 +23,13 @@ import numpy as np
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.resample import StreamResampler
-from omnivoice.engine.types import (
+from omnivoice.server.realtime.conversation import Content, Conversation, Item, new_id
+from omnivoice.server.realtime.ledger import AudioLedger
+from omnivoice.server.realtime.outbox import Outbox
+from omnivoice.server.realtime.prompting import build_prompt
+from omnivoice.server.realtime.read_ahead import ReadAhead
+from omnivoice.server.realtime.server_events import error, format_object, usage_object
+from omnivoice.types import (
     AudioChunk,
     ChatMessage,
     EngineOverloaded,
@@ -32,12 +38,6 @@ from omnivoice.engine.types import (
     Sampling,
     TextDelta,
 )
-from omnivoice.server.realtime.conversation import Content, Conversation, Item, new_id
-from omnivoice.server.realtime.ledger import AudioLedger
-from omnivoice.server.realtime.outbox import Outbox
-from omnivoice.server.realtime.prompting import build_prompt
-from omnivoice.server.realtime.read_ahead import ReadAhead
-from omnivoice.server.realtime.server_events import error, format_object, usage_object
 
 log = logging.getLogger(__name__)
 

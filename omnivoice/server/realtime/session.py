@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad, VadStream
 from omnivoice.audio.wav import AudioDecodeError
-from omnivoice.engine.types import text_exceeds
 from omnivoice.server.errors import APIError
 from omnivoice.server.realtime import items
 from omnivoice.server.realtime import protocol as p
@@ -31,6 +30,7 @@ from omnivoice.server.realtime.prompting import build_prompt
 from omnivoice.server.realtime.response import Response, ResponsePlan
 from omnivoice.server.realtime.server_events import error, session_object
 from omnivoice.server.realtime.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
+from omnivoice.types import text_exceeds
 
 log = logging.getLogger(__name__)
 

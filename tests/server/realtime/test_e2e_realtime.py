@@ -14,7 +14,7 @@ import numpy as np
 import openai
 import pytest
 
-from omnivoice.engine.types import AudioPart, TextPart
+from omnivoice.types import AudioPart, TextPart
 
 from ..serve import ServerThread, serve_tiny
 from .rt import Recorder, pcm16, send_audio, speak

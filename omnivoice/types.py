@@ -1,13 +1,21 @@
-"""Typed messages at the engine's public boundary: what a caller submits and what it gets back."""
+"""The shared vocabulary: the stage names, what a caller submits to the engine and what it gets back.
+
+Every layer imports these (models, runners, engine, server); they import nothing of omnivoice.
+Messages between the engine and its stage workers are in `omnivoice.messages`.
+"""
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
+
+StageName = Literal["thinker", "talker", "code2wav"]
+# The pipeline's stages in data order; everything that lists stages derives from this.
+STAGES: tuple[StageName, ...] = get_args(StageName)
 
 
 @dataclass(frozen=True)
@@ -179,3 +187,17 @@ def text_exceeds(texts: Sequence[str], max_chars: int | None) -> bool:
     if max_chars is None or sum(map(len, texts)) <= max_chars:
         return False
     return sum(len(unicodedata.normalize("NFC", t)) for t in texts) > max_chars
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine tells callers about the served model."""
+
+    served_name: str
+    sample_rate: int
+    voices: tuple[str, ...]
+    default_voice: str
+    max_prompt_tokens: int
+    # Text longer than this (in characters) cannot fit max_prompt_tokens: no vocabulary entry stands for
+    # more characters than max_prompt_chars / max_prompt_tokens. None: no tokenizer (token-id prompts).
+    max_prompt_chars: int | None = None

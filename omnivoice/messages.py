@@ -7,11 +7,9 @@ boundaries through a connector's shared memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from omnivoice.engine.types import GenerationRequest
-
-StageName = Literal["thinker", "talker", "code2wav"]
+from omnivoice.types import GenerationRequest, StageName
 
 
 @dataclass(frozen=True)
