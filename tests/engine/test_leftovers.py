@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from omnivoice.engine.process_stats import SHM_DIR, shm_prefix
-from tests.server.serve_process import ServeProcess, alive, descendants, write_profile
+from omnivoice.engine.process_stats import SHM_DIR, shm_prefix, start_time
+from tests.server.serve_process import ServeProcess, descendants, running, write_profile
 
 LONG_CHAT = {
     "messages": [{"role": "user", "content": "hello"}],
@@ -29,20 +29,21 @@ LONG_CHAT = {
 }
 
 
-def stage_processes(server_pid: int) -> list[int]:
-    """The server's stage processes (its multiprocessing children but the resource tracker)."""
-    found = []
-    for pid in descendants(server_pid):
+def stage_processes(server_pid: int) -> dict[int, int]:
+    """The server's stage processes (its multiprocessing children but the resource tracker), each
+    with its start time, in the order they started."""
+    found = {}
+    for pid, start in sorted(descendants(server_pid).items(), key=lambda p: p[1::-1]):
         with contextlib.suppress(OSError):
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return sorted(found)
+                found[pid] = start
+    return found
 
 
-async def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Until none of `pids` runs or `timeout` passes; those still running."""
+async def wait_gone(procs: dict[int, int], timeout: float) -> list[str]:
+    """Until none of `procs` runs or `timeout` passes; those still running."""
     deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+    while (left := running(procs)) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     return left
 
@@ -53,7 +54,7 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
 ) -> None:
     env = {"OMNIVOICE_RUN_DIR": str(tmp_path / "run")}
     first = ServeProcess(write_profile(tmp_path, tiny_checkpoint, worker="process"), env=env)
-    workers: list[int] = []
+    workers: dict[int, int] = {}
     leftover = SHM_DIR / f"{shm_prefix(first.proc.pid)}leftover"
     try:
         url = await asyncio.to_thread(first.wait_ready, 240)
@@ -69,22 +70,23 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
             # one stage process cannot act on its server's death (stopped here, as one stuck in a
             # driver call would be): only the next start can end it. The last started is code2wav's,
             # so the talker before it goes on computing frames when the server dies.
-            stuck, running = workers[-1], workers[:-1]
+            stuck = list(workers)[-1]
+            others = {p: t for p, t in workers.items() if p != stuck}
             os.kill(stuck, signal.SIGSTOP)
             os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(httpx.HTTPError):
                 async for _ in lines:
                     pass
         await asyncio.to_thread(first.proc.wait, 30)
-        assert await wait_gone(running, 10) == [], "stage processes outlived their server"
-        assert alive(stuck)
+        assert await wait_gone(others, 10) == [], "stage processes outlived their server"
+        assert running({stuck: workers[stuck]})
         # the segment of a message that was in flight when everything died
         leftover.write_bytes(b"\0" * 4096)
 
         second = ServeProcess(write_profile(tmp_path, tiny_checkpoint, worker="thread"), env=env)
         try:
             await asyncio.to_thread(second.wait_ready, 240)
-            assert await wait_gone([stuck], 10) == [], "the next start left the orphan running"
+            assert await wait_gone({stuck: workers[stuck]}, 10) == [], "the next start left it running"
             assert not leftover.exists()
             reclaimed = [line for line in second.lines if "reclaimed" in line]
             assert len(reclaimed) == 1, second.log[-3000:]
@@ -98,7 +100,8 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
             second.kill()
     finally:
         first.kill()
-        for w in workers:
-            with contextlib.suppress(OSError):
-                os.kill(w, signal.SIGKILL)
+        for w, started in workers.items():  # what a failed test left (never a reused pid)
+            if start_time(w) == started:
+                with contextlib.suppress(OSError):
+                    os.kill(w, signal.SIGKILL)
         leftover.unlink(missing_ok=True)

@@ -13,45 +13,45 @@ from typing import Any
 
 import yaml
 
+from omnivoice.engine.process_stats import start_time
 
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (children, their children...)."""
-    parents: dict[int, int] = {}
+
+def descendants(pid: int) -> dict[int, int]:
+    """Every process below `pid` (children, their children...), each with its start time: a pid whose
+    process ends is soon reused on a busy machine, and the pid with its start time names one process."""
+    parents: dict[int, tuple[int, int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found: set[int] = set()
+            parents[int(entry)] = (int(fields[1]), int(fields[19]))
+    found: dict[int, int] = {}
     frontier = {pid}
     while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
+        frontier = {p for p, (parent, _) in parents.items() if parent in frontier} - found.keys()
+        found |= {p: parents[p][1] for p in frontier}
     return found
 
 
 def alive(pid: int) -> bool:
     """`pid` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    return start_time(pid) is not None
 
 
-def running(pids: set[int] | list[int]) -> list[str]:
-    """Those of `pids` still running, each as `pid state command line` (for assertion messages)."""
+def running(procs: dict[int, int]) -> list[str]:
+    """Those of `procs` (pid: start time) still running, each as `pid state command line`."""
     found = []
-    for pid in sorted(pids):
-        if alive(pid):
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            found.append(f"{pid} {stat[0]} ppid={stat[1]} {cmd[:160]}")
+    for pid, start in sorted(procs.items()):
+        if start_time(pid) != start:
+            continue
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        found.append(f"{pid} {state} {cmd[:160]}")
     return found
 
 

@@ -24,7 +24,7 @@ from .fake_engine import FakeEngine, Script
 from .realtime.fake import client
 from .realtime.rt import Recorder
 from .serve import serve_thread
-from .serve_process import ServeProcess, alive, descendants, running, write_profile
+from .serve_process import ServeProcess, descendants, running, write_profile
 from .telephony.carrier import call
 from .webrtc.peers import connect
 
@@ -214,7 +214,7 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
             server.proc.kill()
             server.proc.wait()
     deadline = time.monotonic() + 10
-    while any(alive(c) for c in children) and time.monotonic() < deadline:
+    while running(children) and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert not running(children), running(children)  # stage processes left behind
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"omnivoice{pid}_")]
