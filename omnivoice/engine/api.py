@@ -1,0 +1,80 @@
+"""The engine as the server sees it: the methods and attributes every transport may use.
+
+`Engine` satisfies it, and so does the tests' fake engine; the server holds an `EngineAPI`, never the
+concrete class, so it depends on this seam only (import-linter keeps `omnivoice.server` off the rest
+of `omnivoice.engine` except its process figures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol
+
+from omnivoice.types import (
+    ChatMessage,
+    EngineOutput,
+    EngineStats,
+    GenerationRequest,
+    ModelInfo,
+    Prompt,
+    StageStats,
+)
+
+
+class EngineAPI(Protocol):
+    """A started engine: prompts in, text and audio out, and what operators read of it."""
+
+    @property
+    def info(self) -> ModelInfo:
+        """The served model: name, sample rate, voices, prompt limits."""
+        ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why the engine refuses work (a stage worker died, it is restarting), or None."""
+        ...
+
+    @property
+    def restarting(self) -> bool:
+        """Whether the stages are being restarted after a failure."""
+        ...
+
+    def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
+        """Token ids (and audio features) for a conversation; raises ValueError for bad input."""
+        ...
+
+    def overloaded(self, request: GenerationRequest) -> str | None:
+        """Why `request` would be refused now (every stage at capacity), or None if it fits."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+        """Run `request` through the stages, yielding its text deltas, audio chunks and `Finished`."""
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Drop a running request in every stage."""
+        ...
+
+    async def warm(self, prompt: Prompt, cache_key: str) -> None:
+        """Prefill `prompt` into the prefix cache under `cache_key` (a conversation's id)."""
+        ...
+
+    def forget(self, cache_key: str) -> None:
+        """Free the prefix cached under `cache_key` (the conversation ended)."""
+        ...
+
+    def hold_restarts(self) -> None:
+        """Restart no stage from now on (the server drains and shuts down)."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Per-stage figures summed over replicas (for /metrics)."""
+        ...
+
+    def replica_stats(self) -> tuple[StageStats, ...]:
+        """Each stage replica's own figures (for /v1/debug/state)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop every stage and release what they hold."""
+        ...
