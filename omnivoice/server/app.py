@@ -28,7 +28,7 @@ from omnivoice.server.auth.keys import ENV_VAR, ApiKeys, check_bind, is_loopback
 from omnivoice.server.auth.middleware import AuthMiddleware
 from omnivoice.server.auth.redact import redact_logs
 from omnivoice.server.body_timeout import BodyTimeoutMiddleware
-from omnivoice.server.chat import chat_completions
+from omnivoice.server.chat.endpoint import chat_completions
 from omnivoice.server.debug_state import debug_state, snapshot
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS

@@ -12,7 +12,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from omnivoice.audio import encode_wav
-from omnivoice.server.chat_schema import parse_chat_request, to_engine_messages
+from omnivoice.server.chat.schema import parse_chat_request, to_engine_messages
 from omnivoice.server.errors import APIError
 from omnivoice.types import AudioPart, TextPart
 

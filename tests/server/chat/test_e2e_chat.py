@@ -29,11 +29,11 @@ from omnivoice.audio import decode_wav
 from omnivoice.config import Profile, parse_profile
 from omnivoice.server import create_app
 
-from .serve import ServerThread, serve_thread
+from ..serve import ServerThread, serve_thread
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 USER: list[Any] = [{"role": "user", "content": "hello there, tell me a story about the sea"}]
 # The random-weight talker rarely emits its end code: cap the frames so each request stays short.
 TALKER_FRAMES = 200

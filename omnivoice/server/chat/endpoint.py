@@ -1,6 +1,6 @@
 """`POST /v1/chat/completions`: admission, validation, then the engine's outputs as JSON or SSE.
 
-The response shapes (OpenAI SDK + vLLM-Omni compatible) are documented in `chat_format`.
+The response shapes (OpenAI SDK + vLLM-Omni compatible) are documented in `chat.format`.
 A request ends in exactly one `omnivoice_requests_total{status}`: ok, cancelled (client left or
 stopped reading, or the server shut down; the engine request is aborted), error, invalid (4xx),
 rejected (over a limit: 429, or 503 server_overloaded) or unavailable (503: loading, failed,
@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnivoice.config import Profile
-from omnivoice.server.chat_format import ChunkWriter, Turn, completion_body, encode_audio
-from omnivoice.server.chat_schema import (
+from omnivoice.server.chat.format import ChunkWriter, Turn, completion_body, encode_audio
+from omnivoice.server.chat.schema import (
     ChatRequest,
     check_room,
     check_voice,
@@ -32,6 +32,7 @@ from omnivoice.server.chat_schema import (
     prompt_texts,
     to_engine_messages,
 )
+from omnivoice.server.chat.sse import DONE, EventStreamResponse, run_unless_disconnected, sse_event
 from omnivoice.server.errors import (
     APIError,
     bad_request,
@@ -42,7 +43,6 @@ from omnivoice.server.errors import (
     shutting_down,
 )
 from omnivoice.server.metrics import RequestTimer
-from omnivoice.server.sse import DONE, EventStreamResponse, run_unless_disconnected, sse_event
 from omnivoice.types import (
     AudioChunk,
     EngineOverloaded,
