@@ -161,7 +161,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from omnivoice.config import load_profile
-    from omnivoice.engine.source import resolve_model_path
+    from omnivoice.engine.loading import resolve_model_path
     from omnivoice.runners.factory import build_runners
 
     args.out.mkdir(parents=True, exist_ok=True)

@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"omnivoice bench engine: {e}", file=sys.stderr)
         return 2
     from omnivoice.engine.engine import Engine
-    from omnivoice.engine.source import resolve_model_path
+    from omnivoice.engine.loading import resolve_model_path
 
     runs = len(args.concurrency)
     cfgs = [

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
     from omnivoice.bench.report import describe_machine, write_json
     from omnivoice.config import ProfileError, load_profile
-    from omnivoice.engine.source import resolve_model_path
+    from omnivoice.engine.loading import resolve_model_path
     from omnivoice.runners.factory import build_runners
 
     try:

@@ -20,22 +20,18 @@ from pathlib import Path
 from omnivoice.config import Profile
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.leftovers import reclaim
+from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.request_state import RequestState
 from omnivoice.engine.routing import ReplicaRouter
-from omnivoice.engine.source import resolve_model_path
 from omnivoice.engine.stage import StageCrashed
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.messages import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
-from omnivoice.models.dummy import DummySource, dummy_spec
-from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
-from omnivoice.models.loader import ModelSpec, load_processor_parts
-from omnivoice.models.prompt import PromptBuilder
+from omnivoice.models.dummy import DummySource
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.types import (
     STAGES,
-    TALKER_PROMPT_EXTRA,
     AudioChunk,
     ChatMessage,
     EngineOutput,
@@ -43,7 +39,6 @@ from omnivoice.types import (
     EngineStats,
     Finished,
     GenerationRequest,
-    ModelInfo,
     Prompt,
     StageStats,
     TextDelta,
@@ -59,22 +54,13 @@ RESTARTING = f"{STOPPED}; it is restarting, retry shortly"
 
 
 class Engine:
-    def __init__(
-        self,
-        profile: Profile,
-        spec: ModelSpec,
-        builder: PromptBuilder | None,
-        tokenizer,
-        pipeline: Pipeline,
-        source: Path | DummySource | None = None,
-    ):
+    def __init__(self, profile: Profile, model: ServedModel, pipeline: Pipeline):
         self.profile = profile
-        self.spec = spec
-        self._builder = builder
-        self._tokenizer = tokenizer
+        self.spec = model.spec
+        self._builder = model.builder
+        self._tokenizer = model.tokenizer
         self._pipeline = pipeline
-        self._supervisor = Supervisor(profile, source)
-        self._restarting: threading.Thread | None = None
+        self._supervisor = Supervisor(profile, model.source)
         self._requests: dict[str, RequestState] = {}
         self._lock = threading.Lock()
         self._reset_routing()
@@ -83,21 +69,7 @@ class Engine:
         stages = [profile.stages.stage(s) for s in STAGES]
         self._capacity = tuple(s.max_batch + s.max_queue for s in stages)
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
-        voices = tuple(sorted(spec.speaker_ids))
-        default_voice = profile.model.default_voice if profile.model.default_voice in voices else voices[0]
-        # the thinker's context, and the talker's room for a prompt's audio (else it could only fail)
-        max_prompt_tokens = min(
-            profile.stages.thinker.max_seq_len - 1,
-            profile.stages.talker.max_seq_len - TALKER_PROMPT_EXTRA,
-        )
-        self.info = ModelInfo(
-            served_name=profile.model.served_name,
-            sample_rate=spec.output_sample_rate,
-            voices=voices,
-            default_voice=default_voice,
-            max_prompt_tokens=max_prompt_tokens,
-            max_prompt_chars=None if builder is None else max_prompt_tokens * builder.max_token_chars,
-        )
+        self.info = model_info(profile, model.spec, model.builder)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -108,24 +80,15 @@ class Engine:
     @classmethod
     def start_sync(cls, profile: Profile, source: Path | DummySource | None = None) -> Engine:
         """Start the stages of `profile` on `source` (default: the profile's model.path)."""
-        path = resolve_model_path(profile) if source is None else source
-        if isinstance(path, DummySource):  # random weights; a tokenizer of the real vocabulary's layout
-            spec = dummy_spec(path)
-            tokenizer, feature_extractor = load_dummy_processor_parts(profile.model.cache_dir)
-        else:
-            tokenizer, feature_extractor = load_processor_parts(path)
-            spec = ModelSpec.from_pretrained(path)
-        builder = PromptBuilder(
-            tokenizer, feature_extractor, spec, max_audio_seconds=profile.server.max_audio_seconds
-        )
+        model = load_served_model(profile, source)
         reclaim()  # what a server of ours that died (kill -9) left: its stage processes, its segments
-        log.info("starting stages for %s", path)
-        pipeline = Pipeline.start(profile, path)
+        log.info("starting stages for %s", model.source)
+        pipeline = Pipeline.start(profile, model.source)
         log.info("all stages ready")
-        engine = cls(profile, spec, builder, tokenizer, pipeline, source=path)
+        engine = cls(profile, model, pipeline)
         if profile.stages.warms_burst():
             try:
-                warm_burst(engine, newline_id(tokenizer))
+                warm_burst(engine, profile.stages, model.spec, newline_id(model.tokenizer))
             except BaseException:
                 run_apart(engine.close())
                 raise
@@ -139,7 +102,7 @@ class Engine:
     @property
     def restarting(self) -> bool:
         """True while the supervisor brings the stages back after a worker died."""
-        return self._restarting is not None and self._restarting.is_alive()
+        return self._supervisor.restarting
 
     @property
     def tokenizer(self):
@@ -147,8 +110,6 @@ class Engine:
         return self._tokenizer
 
     def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
-        if self._builder is None:
-            raise RuntimeError(f"{self.profile.model.path} has no tokenizer: submit token ids instead")
         return self._builder.build(messages, self.profile.model.system_prompt)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
@@ -255,9 +216,7 @@ class Engine:
         self._supervisor.hold()
         for rid in list(self._requests):
             self._abort(rid)
-        restarting = self._restarting
-        if restarting is not None and restarting.is_alive():
-            await asyncio.to_thread(restarting.join)  # it stops what it started once it sees _closed
+        await asyncio.to_thread(self._supervisor.wait)  # a restart stops what it started once closed
         await asyncio.to_thread(self._pipeline.stop)
 
     # ---- dispatcher thread -------------------------------------------------------------------
@@ -301,23 +260,20 @@ class Engine:
         for rid in list(self._requests):
             self._fail(rid, self.failure)
         if restart:
-            self._restarting = threading.Thread(target=self._restart, name="engine-restart", daemon=True)
-            self._restarting.start()
+            self._supervisor.restart_in_background(self._pipeline, self._adopt, self._restart_failed)
 
-    def _restart(self) -> None:
-        try:
-            pipeline = self._supervisor.restart(self._pipeline)
-        except Exception:
-            log.exception("the stages could not be restarted")
-            self.failure = f"{STOPPED} and could not be restarted"
-            return
+    def _adopt(self, pipeline: Pipeline) -> bool:
+        """Serve on the restarted stages; False once the engine is closed (the restart stops them)."""
         if self._closed:
-            pipeline.stop()
-            return
+            return False
         with self._lock:
             self._pipeline = pipeline
             self._reset_routing()
         self.failure = None
+        return True
+
+    def _restart_failed(self) -> None:
+        self.failure = f"{STOPPED} and could not be restarted"
 
     def _reset_routing(self) -> None:
         p = self._pipeline
@@ -332,13 +288,13 @@ class Engine:
             return
         if isinstance(msg, StageCrashed):
             log.error("%s stage crashed: %s; failing its requests", msg.stage, msg.error)
-            for rid in list(self._requests):
-                self._fail(rid, STOPPED)
+            for crashed in list(self._requests):
+                self._fail(crashed, STOPPED)
             return
-        rid = getattr(msg, "request_id", None)
+        rid: str | None = getattr(msg, "request_id", None)
         with self._lock:
             state = self._requests.get(rid) if rid is not None else None
-        if state is None or state.done:
+        if rid is None or state is None or state.done:
             return  # late output of an aborted or finished request
         if isinstance(msg, TokenOutput):
             text = state.detok.add(msg.token_ids)

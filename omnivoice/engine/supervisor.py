@@ -11,8 +11,10 @@ lets its responses finish and then stops the stages, so bringing them back would
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,41 @@ class Supervisor:
         self._source = source
         self._restarts: deque[float] = deque()
         self._held = False
+        self._thread: threading.Thread | None = None
 
     def hold(self) -> None:
         """Restart nothing from now on (the server is shutting down)."""
         self._held = True
+
+    @property
+    def restarting(self) -> bool:
+        """True while a restart started by `restart_in_background` is under way."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart_in_background(
+        self, old: Pipeline, adopt: Callable[[Pipeline], bool], failed: Callable[[], None]
+    ) -> None:
+        """Restart the stages on a thread: `adopt(new)` hands the engine the fresh pipeline (False: the
+        engine closed meanwhile, so the new pipeline is stopped); `failed()` if the stages cannot start."""
+
+        def run() -> None:
+            try:
+                new = self.restart(old)
+            except Exception:
+                log.exception("the stages could not be restarted")
+                failed()
+                return
+            if not adopt(new):
+                new.stop()
+
+        self._thread = threading.Thread(target=run, name="engine-restart", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Return once a restart under way has ended (the engine closes)."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join()
 
     def refusal(self) -> str | None:
         """Why the stages may not be restarted now, or None if they may."""

@@ -16,15 +16,15 @@ import logging
 import threading
 import time
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
+from omnivoice.config import StagesConfig
+from omnivoice.engine.api import EngineAPI
+from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import CHAT_LAYOUT_IDS, chat_prompt, text_ids
-from omnivoice.types import Finished, GenerationRequest, Sampling
-
-if TYPE_CHECKING:
-    from omnivoice.engine.engine import Engine
+from omnivoice.types import Finished, GenerationRequest, ModelInfo, Sampling
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,22 +32,23 @@ T = TypeVar("T")
 MAX_PROMPT_TOKENS = 256  # past this the burst's shapes are bigger than a voice turn's
 
 
-def burst_requests(engine: Engine, newline_id: int) -> list[GenerationRequest]:
+def burst_requests(
+    stages: StagesConfig, spec: ModelSpec, info: ModelInfo, newline_id: int
+) -> list[GenerationRequest]:
     """As many requests as the narrowest stage batches, each prompt as long as the thinker's prefill
     budget, its context and MAX_PROMPT_TOKENS allow."""
-    stages = engine.profile.stages
     rows = min(stages.thinker.max_batch, stages.talker.max_batch, stages.code2wav.max_batch)
     first = stages.code2wav.chunk.first_frames
     # the talker's context keeps room for the frames (a prompt that fills it gets its audio cut)
-    room = engine.info.max_prompt_tokens - first - 2
+    room = info.max_prompt_tokens - first - 2
     length = min(MAX_PROMPT_TOKENS, stages.thinker.max_prefill_tokens // rows, room)
     body = max(1, length - CHAT_LAYOUT_IDS)
     rng = np.random.default_rng(0)
     return [
         GenerationRequest(
             request_id=f"warm-burst-{i}",
-            prompt=chat_prompt(engine.spec, text_ids(engine.spec, body, rng), newline_id),
-            voice=engine.info.default_voice,
+            prompt=chat_prompt(spec, text_ids(spec, body, rng), newline_id),
+            voice=info.default_voice,
             thinker=Sampling(max_tokens=2, min_tokens=2),
             # a talker that runs M steps yields M - 1 frames: one first chunk for Code2Wav
             talker=Sampling(max_tokens=first + 1, min_tokens=first + 1),
@@ -56,7 +57,7 @@ def burst_requests(engine: Engine, newline_id: int) -> list[GenerationRequest]:
     ]
 
 
-async def _run(engine: Engine, requests: list[GenerationRequest]) -> list[str]:
+async def _run(engine: EngineAPI, requests: list[GenerationRequest]) -> list[str]:
     async def one(request: GenerationRequest) -> str | None:
         async for out in engine.generate(request):
             if isinstance(out, Finished) and out.finish_reason not in ("stop", "length"):
@@ -86,9 +87,9 @@ def run_apart(coro: Coroutine[Any, Any, T]) -> T:
     return out[0]
 
 
-def warm_burst(engine: Engine, newline_id: int) -> None:
+def warm_burst(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> None:
     """Run the burst to its end; raise RuntimeError if any request of it failed."""
-    requests = burst_requests(engine, newline_id)
+    requests = burst_requests(stages, spec, engine.info, newline_id)
     began = time.perf_counter()
     failed = run_apart(_run(engine, requests))
     if failed:

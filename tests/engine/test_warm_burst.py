@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from omnivoice.engine import warm_burst
 from omnivoice.engine.engine import Engine
 from omnivoice.models.dummy import REDUCED, DummySource
 from omnivoice.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
+from tests.support.polling import until
 
 STAGE = {"worker": "thread", "max_batch": 3, "max_seq_len": 256}
 
@@ -45,9 +47,12 @@ async def test_the_burst_runs_a_batch_through_every_stage_then_the_engine_serves
         engine = await Engine.start(profile)
     try:
         assert "warm-up burst: 3 requests of 239 prompt tokens through every stage" in caplog.text
-        stats = engine.stats()
-        assert all(s.steps > 0 for s in stats.stages), stats
-        assert all(s.running == 0 and s.queued == 0 for s in stats.stages), stats
+
+        def stepped_and_idle() -> bool:  # each stage's figures follow its last outputs
+            stages = engine.stats().stages
+            return all(s.steps > 0 and s.running == 0 and s.queued == 0 for s in stages)
+
+        await until(stepped_and_idle, what="every stage stepped and idle after the burst")
         prompt = Prompt(input_ids=tuple(range(10, 30)))
         thinker, talker = Sampling(max_tokens=3, min_tokens=3), Sampling(max_tokens=6, min_tokens=6)
         request = GenerationRequest("after-the-burst", prompt, thinker=thinker, talker=talker)
@@ -65,8 +70,8 @@ def test_a_failed_burst_stops_the_stages_and_fails_the_start(
     fails the start with what went wrong, and the stages it started are stopped."""
     made = warm_burst.burst_requests
 
-    def too_long(engine: Engine, newline_id: int) -> list[GenerationRequest]:
-        requests = made(engine, newline_id)
+    def too_long(*args: Any) -> list[GenerationRequest]:
+        requests = made(*args)
         long = Prompt(input_ids=requests[0].prompt.input_ids * 2)
         return [GenerationRequest("warm-burst-too-long", long), *requests[1:]]
 
