@@ -67,7 +67,7 @@ def stage_process_main(
         log.exception("%s stage (replica %d) failed", name, replica)
         code = 1
     finally:
-        _exit(code, engine)
+        _exit(code, engine, parent)
 
 
 def _serve(
@@ -110,13 +110,14 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _exit(code: int, engine: Any) -> None:
-    """Flush what this process sent the server and its log, then end without the interpreter's
-    teardown (see the module docstring)."""
-    try:
-        engine.flush()  # a StageCrashed put just now must reach the server
-    except Exception:
-        log.exception("could not flush the engine queue")
+def _exit(code: int, engine: Any, parent: int) -> None:
+    """Flush what this process sent the server (if it is still there) and its log, then end without
+    the interpreter's teardown (see the module docstring)."""
+    if os.getppid() == parent:
+        try:
+            engine.flush()  # a StageCrashed put just now must reach the server
+        except Exception:
+            log.exception("could not flush the engine queue")
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed, or its reader is gone
