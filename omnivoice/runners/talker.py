@@ -30,6 +30,7 @@ from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.slot_sampling import SlotSampler, request_generator
+from omnivoice.runners.talker_inputs import TalkerInputs
 from omnivoice.runners.transfer import ReadBack, to_device
 from omnivoice.types import GenerationRequest, StageStats
 
@@ -84,7 +85,8 @@ class TalkerRunner:
         self.stack = DecoderStack(talker.model, multimodal_rope=True)
         if device.type == "cuda":
             self.stack.fuse(compile=cfg.compile, prefill=cfg.fused_prefill)
-        self.codec_embed = talker.get_input_embeddings()
+        self.talker_inputs = TalkerInputs(talker, tts_embeds, spec, device)
+        self.codec_embed = self.talker_inputs.codec_embed
         self.cache = self.stack.make_cache(cfg.max_batch, cfg.max_seq_len, self.dtype, device)
         graphs = cfg.execution == "cuda_graph"
         self.predictor = CodePredictor(
@@ -96,8 +98,6 @@ class TalkerRunner:
             cfg.predictor_kernels,
         )
         self.decode_step = DecodeStep(self.stack, self.cache, cfg.max_batch, device, graphs, "talker")
-        # [3, Ht]: text_projection of the thinker's tts_bos / tts_eos / tts_pad embeddings
-        self.tts_bos, self.tts_eos, self.tts_pad = talker.text_projection(tts_embeds.to(device, self.dtype))
         slots = self.cache.scratch + 1
         vocab = talker.codec_head.out_features
         suppress = torch.tensor(spec.talker_suppressed_ids, dtype=torch.long)
@@ -105,7 +105,7 @@ class TalkerRunner:
         self.sample_graphs = StepGraphs(self._head_sample, "talker sampling", enabled=graphs)
         # each slot's last codebook-0 token and the talker's hidden state after it: the next step's input
         self.code0 = torch.zeros(slots, dtype=torch.long, device=device)
-        self.hidden = torch.zeros(slots, self.tts_pad.shape[-1], dtype=self.dtype, device=device)
+        self.hidden = torch.zeros(slots, self.talker_inputs.hidden_size, dtype=self.dtype, device=device)
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
         self.seqs: dict[str, _Seq] = {}
@@ -125,7 +125,7 @@ class TalkerRunner:
         if seq is None:
             if msg.request is None:
                 return []  # a chunk of a request this stage already finished or aborted
-            seq = self._new_seq(msg)
+            seq = self._new_seq(msg, msg.request)
             self.seqs[msg.request_id] = seq
         if msg.token_ids:
             seq.text.extend(self._t(msg.token_embeds))
@@ -177,49 +177,13 @@ class TalkerRunner:
     def _t(self, a: np.ndarray) -> list[torch.Tensor]:
         return list(to_device(torch.from_numpy(np.asarray(a)), self.device, self.dtype))
 
-    def _new_seq(self, msg: ThinkerChunk) -> _Seq:
-        # positions are chosen on the host (the ids are host data), so starting a request never waits
-        # for the GPU
-        ids = torch.as_tensor(msg.prompt_ids, dtype=torch.long)
-        user = _user_positions(ids, self.spec)
-        mm = user & _multimodal_positions(ids, self.spec)
-        audio_rows = (user & mm).nonzero()[:, 0]
-        text_rows = (user & ~mm).nonzero()[:, 0]
-        in_user = torch.cumsum(user.long(), 0) - 1  # each user position's row in the user part
-        part = torch.empty(int(user.sum()), self.tts_pad.shape[-1], device=self.device, dtype=self.dtype)
-        if len(audio_rows):
-            hidden = self._rows(msg.prompt_hidden, audio_rows)
-            part[to_device(in_user[audio_rows], self.device)] = self.model.hidden_projection(hidden)
-        if len(text_rows):
-            embeds = self._rows(msg.prompt_embeds, text_rows)
-            part[to_device(in_user[text_rows], self.device)] = self.model.text_projection(embeds)
-        role = self._rows(msg.prompt_embeds, torch.arange(len(ids) - 3, len(ids)))
-        return _Seq(request=msg.request, user_part=part, role_embeds=role)
-
-    def _rows(self, a: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
-        return to_device(torch.from_numpy(np.asarray(a)[rows.numpy()]), self.device, self.dtype)
+    def _new_seq(self, msg: ThinkerChunk, request: GenerationRequest) -> _Seq:
+        user_part, role_embeds = self.talker_inputs.user_part(msg)
+        return _Seq(request=request, user_part=user_part, role_embeds=role_embeds)
 
     def _inputs(self, seq: _Seq) -> torch.Tensor:
-        """The talker's prompt for a request: its user turns, then the assistant start. [P, Ht]"""
-        spec, req = self.spec, seq.request
-        assistant = self.model.text_projection(torch.stack([*seq.role_embeds, seq.text[0]]))  # [4, Ht]
-        text_part = torch.cat([assistant[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], assistant[3:4]])
-        voice = spec.speaker_id(req.voice)
-        codec_ids = [
-            spec.codec_nothink_id,
-            spec.codec_think_bos_id,
-            spec.codec_think_eos_id,
-            voice,
-            spec.codec_pad_id,
-            spec.codec_bos_id,
-        ]
-        codec_part = torch.cat(
-            [
-                torch.zeros(3, text_part.shape[-1], device=self.device, dtype=self.dtype),
-                self.codec_embed(to_device(codec_ids, self.device)),
-            ]
-        )
-        inputs = torch.cat([seq.user_part, text_part + codec_part])  # TALKER_PROMPT_EXTRA
+        """The talker's prompt for a request [P, Ht]; ValueError if it leaves no room for a frame."""
+        inputs = self.talker_inputs.prompt(seq.user_part, seq.role_embeds, seq.text[0], seq.request.voice)
         if inputs.shape[0] + 2 > self.cfg.max_seq_len:
             raise ValueError(
                 f"talker context of {inputs.shape[0]} positions leaves no room for audio in its "
@@ -280,7 +244,7 @@ class TalkerRunner:
         hidden = self.hidden[slot_idx]
         residual, residual_embeds = self.predictor.predict(hidden, code0_embed, uniforms, greedy)
         summed = torch.cat([code0_embed[:, None], residual_embeds], dim=1).sum(1)  # [R, Ht]
-        inputs = summed + pad_rows(self._trailing(seqs), rows)
+        inputs = summed + pad_rows(self.talker_inputs.trailing([(s.text, s.step) for s in seqs]), rows)
         h, _ = self.decode_step(inputs[:, None], slots, slot_idx)  # [n, Ht]
         draws = self.sampler.draws(slots, rows)
         (tokens,) = self.sample_graphs(rows, {"hidden": pad_rows(h, rows), "slot_idx": slot_idx, "u": draws})
@@ -364,7 +328,7 @@ class TalkerRunner:
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
         """Capture the decode, code-predictor and sampling graphs of every batch bucket before serving."""
-        ht = self.tts_pad.shape[-1]
+        ht = self.talker_inputs.hidden_size
         self.decode_step.capture_all(ht, self.dtype)
         began = time.perf_counter()
         groups = self.spec.num_code_groups - 1
@@ -383,35 +347,8 @@ class TalkerRunner:
             time.perf_counter() - began,
         )
 
-    def _trailing(self, seqs: list[_Seq]) -> torch.Tensor:
-        """[B, Ht]: each row's next trailing text embedding (projected text, then tts_eos, then tts_pad)."""
-        rows: list[torch.Tensor | None] = []
-        texts: list[torch.Tensor] = []
-        for s in seqs:
-            j = s.step + 1  # trailing_text_hidden[step] is the projection of forwarded token step + 1
-            if j < len(s.text):
-                texts.append(s.text[j])
-                rows.append(None)
-            else:
-                rows.append(self.tts_eos if j == len(s.text) else self.tts_pad)
-        projected = iter(self.model.text_projection(torch.stack(texts)) if texts else ())
-        return torch.stack([next(projected) if r is None else r for r in rows])
-
     def _finish_outputs(self, seq: _Seq, reason: str) -> list[Any]:
         rid = seq.request.request_id
         empty = np.zeros((self.spec.num_code_groups, 0), dtype=np.int64)
         return [CodecChunk(rid, empty, True), StageFinished(rid, "talker", reason, seq.frames)]
 
-
-def _user_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    """Positions inside user turns: from a user turn's <|im_start|> up to the next <|im_start|>."""
-    pos = torch.arange(ids.shape[0], device=ids.device)
-    starts = torch.where(ids == spec.im_start_id, pos, torch.full_like(pos, -1))
-    prev = torch.cummax(starts, dim=0).values.clamp_min(0)
-    role = ids[(prev + 1).clamp_max(ids.shape[0] - 1)]
-    return role == spec.user_id
-
-
-def _multimodal_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    # prompts carry audio only (images and video are not accepted), so audio placeholders are all
-    return ids == spec.audio_pad_id
