@@ -38,7 +38,7 @@ from omnivoice.server.metrics import Metrics
 from omnivoice.server.page import page_routes
 from omnivoice.server.realtime.client_secrets import create_client_secret
 from omnivoice.server.realtime.connection import realtime_endpoint
-from omnivoice.server.realtime.service import RealtimeService
+from omnivoice.server.session.registry import Sessions
 from omnivoice.server.telephony.twilio_endpoint import twilio_endpoint
 from omnivoice.server.telephony.twiml import twilio_twiml
 from omnivoice.server.webrtc import signalling
@@ -70,11 +70,10 @@ def create_app(
     drain = Drain(profile.server.drain_timeout_s)
     lifecycle = EngineLifecycle(profile, engine_factory, drain)
     admission = Admission(profile.server.max_concurrent_requests, drain)
-    realtime = RealtimeService(profile.realtime)
-    timeout = profile.realtime.webrtc_connect_timeout_s
-    calls = Calls(realtime, profile=profile, admission=admission, connect_timeout_s=timeout, drain=drain)
     own_hosts = [host or profile.server.host, urlsplit(profile.telephony.public_url or "").hostname or ""]
-    auth = Auth(profile.auth, keys, realtime.secrets, own_hosts=own_hosts)
+    auth = Auth(profile.auth, keys, own_hosts=own_hosts)
+    realtime = Sessions(profile, lifecycle, admission, auth.limits)
+    calls = Calls(realtime, connect_timeout_s=profile.realtime.webrtc_connect_timeout_s, drain=drain)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -24,7 +24,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
-from omnivoice.server.realtime import protocol as p
+from omnivoice.server.session import protocol as p
 
 from .strategies import pick, raw_bytes
 from .test_fuzz_chat import bodies as chat_bodies

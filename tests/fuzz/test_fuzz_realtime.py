@@ -20,9 +20,9 @@ from server.fake_engine import AlwaysAdmit, FakeEngine, FakeModelInfo, Script
 from omnivoice.audio.formats import PCM16
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import parse_profile
-from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.outbox import Outbox
-from omnivoice.server.realtime.session import Session
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.session import Session
 from omnivoice.types import TextPart
 
 from .strategies import b64, lying_base64, mutated, pick, raw_bytes, raw_text

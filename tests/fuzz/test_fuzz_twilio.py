@@ -13,7 +13,6 @@ import base64
 import json
 from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from hypothesis import example, given
@@ -22,7 +21,10 @@ from server.fake_engine import AlwaysAdmit, FakeEngine, FakeModelInfo, Script
 
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import parse_profile
-from omnivoice.server.realtime.session_config import SessionPatch
+from omnivoice.server.auth.keys import ANONYMOUS
+from omnivoice.server.auth.limits import KeyLimits
+from omnivoice.server.session.registry import Sessions
+from omnivoice.server.session.session_config import SessionPatch
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.telephony.twilio_call import CallParameters, TwilioCall
 
@@ -107,17 +109,6 @@ def test_custom_parameters_keep_the_valid_ones(raw: dict[str, str]) -> None:
 PROFILE = parse_profile({"realtime": {"max_buffer_seconds": 3.0}})
 
 
-class _Service:
-    """As RealtimeService, for one call: its VAD and its sessions."""
-
-    def __init__(self, vad: SileroVad) -> None:
-        self._vad = vad
-        self.sessions: dict[str, Any] = {}
-
-    async def vad(self) -> SileroVad:
-        return self._vad
-
-
 class _Carrier:
     """The call's WebSocket: what the server sends is recorded."""
 
@@ -135,8 +126,9 @@ def vad() -> Iterator[SileroVad]:
 
 async def _run_call(vad: SileroVad, messages: list[str | bytes]) -> TwilioCall:
     engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
-    state = SimpleNamespace(profile=PROFILE, admission=AlwaysAdmit())
-    call = TwilioCall(_Carrier(), engine, _Service(vad), state)  # type: ignore[arg-type]
+    lifecycle = SimpleNamespace(require=lambda: engine)
+    sessions = Sessions(PROFILE, lifecycle, AlwaysAdmit(), KeyLimits(PROFILE.auth.rate_limit), vad)
+    call = TwilioCall(_Carrier(), await sessions.admit(ANONYMOUS), PROFILE)  # type: ignore[arg-type]
     try:
         for message in [json.dumps(CONNECTED), *messages]:
             if not await call.handle(message):

@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from omnivoice.config import AuthConfig
+from omnivoice.server.auth.client_secrets import PREFIX as SECRET_PREFIX
+from omnivoice.server.auth.client_secrets import ClientSecrets, presented_token
 from omnivoice.server.auth.failures import AuthFailures
 from omnivoice.server.auth.keys import ANONYMOUS, ApiKeys
 from omnivoice.server.auth.limits import KeyLimits
@@ -25,8 +27,6 @@ from omnivoice.server.auth.origins import HostPolicy, OriginPolicy
 from omnivoice.server.auth.principal import Principal
 from omnivoice.server.auth.stream_tokens import StreamTokens
 from omnivoice.server.errors import APIError
-from omnivoice.server.realtime.client_secrets import PREFIX as SECRET_PREFIX
-from omnivoice.server.realtime.client_secrets import ClientSecrets, presented_token
 
 Access = Literal["public", "key", "key_or_secret", "key_or_basic"]
 
@@ -39,12 +39,10 @@ class Auth:
     """App-wide: the keys, the client-secret store, hosts and origins, per-key limits, Twilio stream
     tokens. `own_hosts`: the server's own names (the host it is bound to, its public URL's)."""
 
-    def __init__(
-        self, config: AuthConfig, keys: ApiKeys, secrets: ClientSecrets, own_hosts: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, config: AuthConfig, keys: ApiKeys, own_hosts: Sequence[str] = ()) -> None:
         self.config = config
         self.keys = keys
-        self.secrets = secrets
+        self.secrets = ClientSecrets()
         self.hosts = HostPolicy(config.allowed_hosts, config.allowed_origins, own_hosts)
         self.origins = OriginPolicy(config.allowed_origins)
         self.limits = KeyLimits(config.rate_limit)

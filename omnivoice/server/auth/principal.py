@@ -10,7 +10,7 @@ from starlette.requests import HTTPConnection
 from omnivoice.server.auth.keys import ANONYMOUS
 
 if TYPE_CHECKING:
-    from omnivoice.server.realtime.client_secrets import ClientSecret
+    from omnivoice.server.auth.client_secrets import ClientSecret
 
 
 @dataclass(frozen=True)

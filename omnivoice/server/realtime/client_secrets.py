@@ -1,35 +1,25 @@
-"""Short-lived client secrets for browsers and mobile apps: `POST /v1/realtime/client_secrets`.
+"""`POST /v1/realtime/client_secrets`: mint a short-lived client secret for a browser or mobile app.
 
-A browser cannot keep the server's API key; it asks its own backend for a client secret (`ek_...`,
-OpenAI's shape: `{value, expires_at, session}`) and opens the realtime session with it, over the
-WebSocket (`Authorization: Bearer ek_...`, or the subprotocol `openai-insecure-api-key.ek_...`) or
-WebRTC (`POST /v1/realtime/calls` with the bearer header). The session settings given with the secret
-apply when the session opens. Secrets live in an app-owned store (`RealtimeService.secrets`) until
-they expire. Minting one needs an API key (when the server has keys); each secret is charged to the
-key that minted it (per-key limits). omnivoice/server/auth checks the tokens of every request.
+`{expires_after?: {anchor, seconds}, session?}` -> `{value: "ek_...", expires_at, session}`, OpenAI's
+shape. The session settings are checked now, not when a session opens with the secret. Minting one
+needs an API key (when the server has keys); the secret is charged to that key. The store, and how
+requests present a secret, are auth's (omnivoice.server.auth.client_secrets).
 """
 
 from __future__ import annotations
 
-import secrets
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnivoice.server.auth.keys import ANONYMOUS
 from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import bad_request, read_json_object
-from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.server_events import session_object
-from omnivoice.server.realtime.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.server_events import session_object
+from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
 
-PREFIX = "ek_"
-SUBPROTOCOL_PREFIX = "openai-insecure-api-key."
 DEFAULT_TTL_S = 600  # OpenAI's default
 
 
@@ -47,55 +37,6 @@ class ClientSecretRequest(_Strict):
     session: dict[str, Any] | None = None
 
 
-@dataclass(frozen=True)
-class ClientSecret:
-    value: str
-    expires_at: float  # unix time
-    session: dict[str, Any]  # a `session.update` object, applied when a session opens with it
-    owner: str = ANONYMOUS  # id of the API key that minted it: its limits apply
-
-
-class ClientSecrets:
-    """Issued secrets until they expire; expired ones are forgotten as new ones are issued."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self._secrets: dict[str, ClientSecret] = {}
-
-    def issue(self, session: dict[str, Any], ttl_s: float, owner: str = ANONYMOUS) -> ClientSecret:
-        self._purge()
-        secret = ClientSecret(PREFIX + secrets.token_urlsafe(24), self._clock() + ttl_s, session, owner)
-        self._secrets[secret.value] = secret
-        return secret
-
-    def get(self, value: str) -> ClientSecret | None:
-        """The live secret `value`, or None (unknown or expired)."""
-        secret = self._secrets.get(value)
-        if secret is not None and secret.expires_at <= self._clock():
-            del self._secrets[value]
-            return None
-        return secret
-
-    def __len__(self) -> int:
-        return len(self._secrets)
-
-    def _purge(self) -> None:
-        now = self._clock()
-        for value in [v for v, s in self._secrets.items() if s.expires_at <= now]:
-            del self._secrets[value]
-
-
-def presented_token(headers: Mapping[str, str], subprotocols: Sequence[str] = ()) -> str | None:
-    """The bearer token of a request: `Authorization: Bearer X`, else a browser's key subprotocol."""
-    auth = headers.get("authorization", "")
-    if auth[:7].lower() == "bearer " and auth[7:].strip():
-        return auth[7:].strip()
-    for proto in subprotocols:
-        if proto.startswith(SUBPROTOCOL_PREFIX):
-            return proto[len(SUBPROTOCOL_PREFIX) :]
-    return None
-
-
 async def create_client_secret(request: Request) -> Response:
     """`POST /v1/realtime/client_secrets {expires_after?: {anchor, seconds}, session?}` ->
     `{value: "ek_...", expires_at, session}`; the session settings are checked now, not at use."""
@@ -110,7 +51,7 @@ async def create_client_secret(request: Request) -> Response:
     info = state.lifecycle.require().info
     settings = _check_session(req.session or {}, info.voices, info.default_voice)
     ttl_s = req.expires_after.seconds if req.expires_after else DEFAULT_TTL_S
-    secret = state.realtime.secrets.issue(req.session or {}, ttl_s, owner=principal_of(request).owner)
+    secret = state.auth.secrets.issue(req.session or {}, ttl_s, owner=principal_of(request).owner)
     session = session_object(settings, "", info.served_name, beta=False)
     del session["id"]  # a session id is made for each session opened with the secret
     session["expires_at"] = int(secret.expires_at)

@@ -18,7 +18,7 @@ from starlette.websockets import WebSocket
 from omnivoice.server.auth.guard import Auth
 from omnivoice.server.auth.keys import ANONYMOUS
 from omnivoice.server.auth.stream_tokens import PARAMETER
-from omnivoice.server.realtime.ending import CLOSE_POLICY
+from omnivoice.server.session.ending import CLOSE_POLICY
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.ws_guard import PREAUTH_BYTES, lift_message_limit
 

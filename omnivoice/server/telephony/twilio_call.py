@@ -17,11 +17,12 @@ from starlette.websockets import WebSocket
 
 from omnivoice.audio.formats import G711_ULAW
 from omnivoice.audio.resample import StreamResampler
-from omnivoice.server.realtime.conversation import INPUT_RATE, new_id
-from omnivoice.server.realtime.outbox import Event, OutboxLimits
-from omnivoice.server.realtime.protocol import ProtocolError
-from omnivoice.server.realtime.service import RealtimeService
-from omnivoice.server.realtime.session import Session
+from omnivoice.config import Profile
+from omnivoice.server.session.conversation import INPUT_RATE, new_id
+from omnivoice.server.session.outbox import Event, OutboxLimits
+from omnivoice.server.session.protocol import ProtocolError
+from omnivoice.server.session.registry import Ticket
+from omnivoice.server.session.session import Session
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.telephony.twilio_outbox import TwilioOutbox
 
@@ -77,18 +78,18 @@ class CallParameters(BaseModel):
 
 
 class TwilioCall:
-    def __init__(self, websocket: WebSocket, engine: Any, service: RealtimeService, app_state: Any) -> None:
+    """`ticket`: the call's admitted session, opened at `start` and released by `close`."""
+
+    def __init__(self, websocket: WebSocket, ticket: Ticket, profile: Profile) -> None:
         self.id = new_id("call")
         self.stream_sid: str | None = None
         self.call_sid: str | None = None
         self.session: Session | None = None
         self.malformed = 0
         self.digits: list[str] = []
-        self._engine = engine
-        self._service = service
-        self._state = app_state
-        ahead_s = app_state.profile.telephony.max_audio_ahead_ms / 1000
-        limits = OutboxLimits.of(app_state.profile)
+        self._ticket = ticket
+        ahead_s = profile.telephony.max_audio_ahead_ms / 1000
+        limits = OutboxLimits.of(profile)
         self.outbox = TwilioOutbox(websocket, self.id, self._on_session_event, ahead_s=ahead_s, limits=limits)
         self._in = StreamResampler(tw.RATE, INPUT_RATE)
 
@@ -137,12 +138,7 @@ class TwilioCall:
         params, problems = CallParameters.parse(info.custom_parameters)
         for problem in problems:
             log.warning("call %s: customParameters %s (ignored)", self.label, problem)
-        state, vad = self._state, await self._service.vad()
-        session = Session(
-            self.id, self._engine, self.outbox, vad, profile=state.profile, admission=state.admission
-        )
-        self._service.sessions[self.id] = session
-        self.session = session
+        session = self.session = await self._ticket.open(self.outbox)
         self._apply(params.session_update())
         if params.voice:
             self._apply({"audio": {"output": {"voice": params.voice}}})  # a bad voice leaves the rest
@@ -196,9 +192,9 @@ class TwilioCall:
         log.log(level, "call %s: malformed frame dropped (%d so far): %s", self.label, self.malformed, reason)
 
     async def close(self) -> None:
-        """The call ended: abort the response in every stage, free the session's cached prefix."""
-        if self.session is not None:
-            await self.session.close()
+        """The call ended: abort the response in every stage, free the session's cached prefix and
+        give back its slot."""
+        await self._ticket.close()
         log.info(
             "call %s ended: %d frames sent, %d marks played, %d malformed frames, DTMF %r",
             self.label, self.outbox.frames_sent, self.outbox.playout.played_marks, self.malformed,

@@ -15,10 +15,8 @@ import logging
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnivoice.server.auth.limits import RateLimited, SessionLease
-from omnivoice.server.errors import APIError
-from omnivoice.server.realtime.ending import close_connection, serve_until_over
-from omnivoice.server.realtime.service import RealtimeService, SessionLimitReached
+from omnivoice.server.session.ending import close_connection, serve_until_over
+from omnivoice.server.session.registry import SessionRefused, Sessions
 from omnivoice.server.telephony.stream_auth import stream_owner
 from omnivoice.server.telephony.twilio_call import TwilioCall
 
@@ -29,7 +27,7 @@ CLOSE_TRY_AGAIN = 1013
 
 async def twilio_endpoint(websocket: WebSocket) -> None:
     state = websocket.app.state
-    service: RealtimeService = state.realtime
+    sessions: Sessions = state.realtime
     await websocket.accept()
     found = await stream_owner(websocket, state.auth)  # small frames only until then (ws_guard)
     owner, early = found.owner, found.frames
@@ -37,26 +35,20 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
         with contextlib.suppress(Exception):  # the carrier may be gone already
             await websocket.close(found.close_code)
         return
-    lease: SessionLease | None = None
     try:
-        engine = state.lifecycle.require()
-        state.auth.limits.take(owner)
-        lease = state.auth.limits.claim_session(owner)
-        service.reserve()
-    except (APIError, SessionLimitReached, RateLimited) as e:
-        if lease is not None:
-            lease.release()
-        log.warning("telephony call refused: %s", getattr(e, "message", e))
+        ticket = await sessions.admit(owner)  # the session itself opens at the call's `start`
+    except SessionRefused as e:
+        log.warning("telephony call refused: %s", e.message)
         await websocket.close(CLOSE_TRY_AGAIN)
         return
-    call = TwilioCall(websocket, engine, service, state)
+    call = TwilioCall(websocket, ticket, state.profile)
     writer = asyncio.create_task(call.outbox.run(), name=f"twilio-writer-{call.id}")
     code = 1000
     try:
         for frame in early:  # `connected` and `start`, read to authenticate the stream
             if not await call.handle(frame):
                 return
-        read = _read_loop(websocket, call, writer, service.config.idle_timeout_s)
+        read = _read_loop(websocket, call, writer, sessions.config.idle_timeout_s)
         label = f"call {call.label}"
         code = await serve_until_over(read, call.outbox, writer, lambda: call.session, state.drain, label)
     except WebSocketDisconnect:
@@ -65,9 +57,7 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
         log.exception("call %s failed", call.label)
         code = 1011
     finally:
-        await call.close()  # aborts the in-flight response in every stage
-        service.release(call.id)
-        lease.release()
+        await call.close()  # aborts the in-flight response in every stage, gives back the session's slot
         # audio still queued is dropped: no one is listening
         await close_connection(websocket, call.outbox, writer, code, flush_s=1.0)
 

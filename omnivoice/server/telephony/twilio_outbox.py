@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from starlette.websockets import WebSocket
 
-from omnivoice.server.realtime.outbox import Event, Outbox, OutboxLimits, Queued
+from omnivoice.server.session.outbox import Event, Outbox, OutboxLimits, Queued
 from omnivoice.server.telephony.playout import Playout
 from omnivoice.server.telephony.twilio_protocol import (
     FRAME_BYTES,

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from omnivoice.server.realtime.protocol import has_lone_surrogate
+from omnivoice.server.session.protocol import has_lone_surrogate
 
 RATE = 8000  # audio/x-mulaw, mono, both directions
 FRAME_BYTES = 160  # 20 ms of u-law: the frame Twilio sends and the one we send

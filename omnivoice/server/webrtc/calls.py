@@ -1,20 +1,18 @@
 """The app's WebRTC calls (`app.state.webrtc`): opened by signalling, each served by its own task,
-closed on hang-up, failure or ICE timeout, and all closed at shutdown. Each call holds one realtime
-session slot of `RealtimeService`, exactly as a WebSocket does.
+closed on hang-up, failure or ICE timeout, and all closed at shutdown. Each call's session is admitted
+and opened by the app's `Sessions`, exactly as a WebSocket's is, and holds its slot until the call ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from omnivoice.server.realtime.conversation import new_id
-from omnivoice.server.realtime.ending import shutdown_notice
-from omnivoice.server.realtime.outbox import OutboxLimits
-from omnivoice.server.realtime.service import RealtimeService
-from omnivoice.server.realtime.session import Session
+from omnivoice.server.session.conversation import new_id
+from omnivoice.server.session.ending import shutdown_notice
+from omnivoice.server.session.outbox import OutboxLimits
+from omnivoice.server.session.registry import Sessions, Ticket
 from omnivoice.server.webrtc.channel import DataChannelOutbox
 from omnivoice.server.webrtc.peer import Call
 
@@ -25,64 +23,42 @@ log = logging.getLogger(__name__)
 
 
 class Calls:
-    def __init__(
-        self,
-        service: RealtimeService,
-        *,
-        profile: Any,
-        admission: Any,
-        connect_timeout_s: float,
-        drain: Drain | None = None,
-    ) -> None:
-        self._service = service
-        self._profile = profile
-        self._admission = admission
+    def __init__(self, sessions: Sessions, *, connect_timeout_s: float, drain: Drain | None = None) -> None:
+        self._sessions = sessions
         self._drain = drain
         self.connect_timeout_s = connect_timeout_s
         self.calls: dict[str, Call] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    async def open(
-        self,
-        engine: Any,
-        offer_sdp: str,
-        settings: dict[str, Any] | None,
-        on_close: Callable[[], None] = lambda: None,
-    ) -> tuple[Call, str]:
-        """Start a call from the client's offer; returns it with the SDP answer. `on_close` runs once
-        the call is over (or failed to open), e.g. to release its count against an API key.
+    async def open(self, owner: str, offer_sdp: str, settings: dict[str, Any] | None) -> tuple[Call, str]:
+        """Start a call of API key `owner` from the client's offer; returns it with the SDP answer.
 
-        Raises SessionLimitReached at the session limit, ValueError for an offer aiortc rejects,
-        ProtocolError for bad session `settings` (from a client secret)."""
-        if self._closed:
-            raise RuntimeError("the server is shutting down")
-        self._service.reserve()
-        sid = new_id("sess")
+        Raises SessionRefused when no session can open now, RuntimeError once the server shuts down,
+        ValueError for an offer aiortc rejects, ProtocolError for bad session `settings` (from a
+        client secret). The request was counted against the key by the auth middleware."""
+        ticket = await self._sessions.admit(owner, request_counted=True)
         call: Call | None = None
         try:
-            outbox = DataChannelOutbox(sid, OutboxLimits.of(self._profile))
-            vad = await self._service.vad()
-            session = Session(sid, engine, outbox, vad, profile=self._profile, admission=self._admission)
-            if settings:
-                session.apply_settings(settings)
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
+            outbox = DataChannelOutbox(new_id("sess"), OutboxLimits.of(self._sessions.profile))
+            session = await ticket.open(outbox, settings)
             call = Call(new_id("rtc"), session, outbox)
             answer = await call.answer(offer_sdp)
         except BaseException:
             if call is not None:
                 await call.close()
-            self._service.release(None)
-            on_close()
+            await ticket.close()
             raise
-        self._service.sessions[sid] = session
         self.calls[call.id] = call
-        task = asyncio.create_task(self._serve(call, on_close), name=f"call-{call.id}")
+        task = asyncio.create_task(self._serve(call, ticket), name=f"call-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         log.info("%s opened", call.label)
         return call, answer
 
-    async def _serve(self, call: Call, on_close: Callable[[], None]) -> None:
+    async def _serve(self, call: Call, ticket: Ticket) -> None:
         drained = asyncio.create_task(self._end_at_shutdown(call), name=f"drain-{call.id}")
         try:
             await call.run(self.connect_timeout_s)
@@ -95,8 +71,7 @@ class Calls:
                 await call.close()  # flushes the last events (the shutdown notice) on the data channel
             finally:
                 self.calls.pop(call.id, None)
-                self._service.release(call.session.id)
-                on_close()
+                await ticket.close()  # the session's slot and its count against the key
                 log.info("%s closed: %s", call.label, call.end_reason)
 
     async def _end_at_shutdown(self, call: Call) -> None:

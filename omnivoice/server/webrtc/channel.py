@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiortc import RTCDataChannel
 
-from omnivoice.server.realtime.outbox import Outbox, OutboxLimits, Queued, SlowConsumer
+from omnivoice.server.session.outbox import Outbox, OutboxLimits, Queued, SlowConsumer
 from omnivoice.server.webrtc.tracks import PlayoutTrack
 
 LABEL = "oai-events"

@@ -19,10 +19,10 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
-from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.conversation import INPUT_RATE
-from omnivoice.server.realtime.server_events import error
-from omnivoice.server.realtime.session import Session
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.conversation import INPUT_RATE
+from omnivoice.server.session.server_events import error
+from omnivoice.server.session.session import Session
 from omnivoice.server.webrtc.channel import LABEL, DataChannelOutbox
 from omnivoice.server.webrtc.tracks import read_microphone
 

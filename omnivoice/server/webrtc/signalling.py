@@ -15,12 +15,19 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from omnivoice.server.auth.limits import RateLimited, SessionLease
 from omnivoice.server.auth.principal import principal_of
-from omnivoice.server.errors import APIError, bad_request, not_found, payload_too_large, rate_limited
-from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.service import SessionLimitReached
+from omnivoice.server.errors import (
+    APIError,
+    bad_request,
+    not_found,
+    payload_too_large,
+    rate_limited,
+    service_unavailable,
+)
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.registry import SessionRefused
 from omnivoice.server.webrtc.calls import Calls
+from omnivoice.server.webrtc.peer import Call
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +39,16 @@ async def create_call(request: Request) -> Response:
     principal = principal_of(request)  # authenticated by the auth middleware
     settings = principal.secret.session if principal.secret else None
     offer = await _read_offer(request)
-    engine = state.lifecycle.require()
-    calls: Calls = state.webrtc
-    try:
-        lease = state.auth.limits.claim_session(principal.owner)
-    except RateLimited as e:
-        raise rate_limited(e.message, e.retry_after_s) from None
-    try:
-        call, answer = await _open(calls, engine, offer, settings, lease)
-    except BaseException:
-        lease.release()  # idempotent: open may have released it already
-        raise
+    call, answer = await _open(state.webrtc, principal.owner, offer, settings)
     location = f"/v1/realtime/calls/{call.id}"
     return Response(answer, status_code=201, media_type="application/sdp", headers={"Location": location})
 
 
-async def _open(calls: Calls, engine: Any, offer: str, settings: Any, lease: SessionLease) -> tuple[Any, str]:
+async def _open(calls: Calls, owner: str, offer: str, settings: dict[str, Any] | None) -> tuple[Call, str]:
     try:
-        return await calls.open(engine, offer, settings, on_close=lease.release)
-    except SessionLimitReached as e:
-        raise APIError(  # capacity, like chat's server_overloaded: 503, retry shortly
-            503, str(e), type="server_error", code="session_limit_reached", headers={"Retry-After": "1"}
-        ) from None
+        return await calls.open(owner, offer, settings)
+    except SessionRefused as e:
+        raise _refusal(e) from None
     except p.ProtocolError as e:
         raise bad_request(e.message, param=e.param, code=e.code) from None
     except (ValueError, AssertionError) as e:  # aiortc rejects malformed or unsupported offers so
@@ -61,6 +56,17 @@ async def _open(calls: Calls, engine: Any, offer: str, settings: Any, lease: Ses
         raise bad_request(f"the SDP offer was rejected: {e}", param="sdp", code="invalid_offer") from None
     except RuntimeError as e:  # shutting down
         raise APIError(503, str(e), type="server_error", code="service_unavailable") from None
+
+
+def _refusal(e: SessionRefused) -> APIError:
+    """The HTTP error for a call the server will not open now."""
+    if e.kind == "rate_limited":  # the key's limits
+        return rate_limited(e.message, e.retry_after_s)
+    if e.kind == "session_limit":  # capacity, like chat's server_overloaded: 503, retry shortly
+        return APIError(
+            503, e.message, type="server_error", code="session_limit_reached", headers={"Retry-After": "1"}
+        )
+    return service_unavailable(e.message)
 
 
 async def hang_up(request: Request) -> Response:

@@ -125,7 +125,7 @@ def mint(srv: FakeServer, key: str | None, **body: object) -> httpx.Response:
 async def test_client_secrets_open_websocket_sessions_and_are_charged_to_their_key(srv: FakeServer) -> None:
     assert mint(srv, None).status_code == 401
     value = mint(srv, OTHER_KEY, session={"instructions": "Be brief."}).json()["value"]
-    assert srv.app.state.realtime.secrets.get(value).owner == key_id(OTHER_KEY)
+    assert srv.app.state.auth.secrets.get(value).owner == key_id(OTHER_KEY)
     protocols = ["realtime", f"openai-insecure-api-key.{value}"]
     async with websockets.connect(ws_url(srv.url), subprotocols=protocols) as ws:  # type: ignore[arg-type]
         created = json.loads(await ws.recv())
@@ -158,7 +158,7 @@ def test_a_client_secret_is_no_api_key(srv: FakeServer, path: str) -> None:
 
 
 async def test_expired_and_unknown_secrets_are_refused(srv: FakeServer) -> None:
-    expired = srv.app.state.realtime.secrets.issue({}, ttl_s=-1, owner=key_id(KEY)).value
+    expired = srv.app.state.auth.secrets.issue({}, ttl_s=-1, owner=key_id(KEY)).value
     for token in (expired, "ek_unknown"):
         with pytest.raises(websockets.exceptions.InvalidStatus) as err:
             async with websockets.connect(ws_url(srv.url), additional_headers=bearer(token)):

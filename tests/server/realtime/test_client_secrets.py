@@ -11,7 +11,7 @@ import httpx
 import pytest
 import websockets
 
-from omnivoice.server.realtime.client_secrets import ClientSecrets, presented_token
+from omnivoice.server.auth.client_secrets import ClientSecrets, presented_token
 
 from ..fake_engine import FakeServer
 from .fake import serve_realtime
@@ -79,7 +79,7 @@ async def test_websocket_with_a_secret_in_the_subprotocol(srv: FakeServer) -> No
 @pytest.mark.parametrize("token", ["ek_unknown", "expired"])
 async def test_dead_secrets_are_refused_with_401(srv: FakeServer, token: str) -> None:
     if token == "expired":
-        store = srv.app.state.realtime.secrets
+        store = srv.app.state.auth.secrets
         token = store.issue({}, ttl_s=-1).value
     with pytest.raises(websockets.exceptions.InvalidStatus) as err:
         async with websockets.connect(ws_url(srv), additional_headers={"Authorization": f"Bearer {token}"}):

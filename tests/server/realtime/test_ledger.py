@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omnivoice.server.realtime.ledger import MS_PER_CHAR, AudioLedger
+from omnivoice.server.session.ledger import MS_PER_CHAR, AudioLedger
 
 
 def ledger(text: str, generated_s: float, sent_s: float, complete: bool) -> AudioLedger:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from omnivoice.server.realtime.outbox import Outbox, OutboxLimits, SlowConsumer
+from omnivoice.server.session.outbox import Outbox, OutboxLimits, SlowConsumer
 from omnivoice.server.telephony.twilio_outbox import TwilioOutbox
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnivoice.server.realtime.session_config import (
+from omnivoice.server.session.session_config import (
     EAGERNESS_SILENCE_MS,
     SessionPatch,
     SessionSettings,

@@ -9,14 +9,14 @@ import pytest
 import soxr
 
 from omnivoice.audio.vad import FRAME, SileroVad
-from omnivoice.server.realtime.input_audio import (
+from omnivoice.server.session.input_audio import (
     BufferFull,
     InputBuffer,
     SpeechStarted,
     SpeechStopped,
     TurnDetector,
 )
-from omnivoice.server.realtime.session_config import TurnDetection
+from omnivoice.server.session.session_config import TurnDetection
 
 from .rt import speak
 

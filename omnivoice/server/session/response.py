@@ -23,12 +23,12 @@ import numpy as np
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.resample import StreamResampler
-from omnivoice.server.realtime.conversation import Content, Conversation, Item, new_id
-from omnivoice.server.realtime.ledger import AudioLedger
-from omnivoice.server.realtime.outbox import Outbox
-from omnivoice.server.realtime.prompting import build_prompt
-from omnivoice.server.realtime.read_ahead import ReadAhead
-from omnivoice.server.realtime.server_events import error, format_object, usage_object
+from omnivoice.server.session.conversation import Content, Conversation, Item, new_id
+from omnivoice.server.session.ledger import AudioLedger
+from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.prompting import build_prompt
+from omnivoice.server.session.read_ahead import ReadAhead
+from omnivoice.server.session.server_events import error, format_object, usage_object
 from omnivoice.types import (
     AudioChunk,
     ChatMessage,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnivoice.audio.vad import FRAME
-from omnivoice.server.realtime.session_config import TurnDetection
+from omnivoice.server.session.session_config import TurnDetection
 
 RATE = 16000
 MIN_SPEECH_FRAMES = 2  # consecutive speech frames (64 ms) before speech starts: a click is not a turn

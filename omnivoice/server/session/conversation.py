@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from omnivoice.server.realtime.ledger import AudioLedger
+from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.types import AudioPart, ChatMessage, TextPart
 
 INPUT_RATE = 16000  # the thinker's audio encoder rate; user audio is stored at it

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from omnivoice.server.realtime.items import too_long
-from omnivoice.server.realtime.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
-from omnivoice.server.realtime.response import ResponsePlan
-from omnivoice.server.realtime.session_config import (
+from omnivoice.server.session.items import too_long
+from omnivoice.server.session.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
+from omnivoice.server.session.response import ResponsePlan
+from omnivoice.server.session.session_config import (
     NO_TOOL_CHOICE,
     FormatParam,
     SettingsError,
@@ -20,7 +20,7 @@ from omnivoice.server.realtime.session_config import (
 from omnivoice.types import Sampling, text_exceeds
 
 if TYPE_CHECKING:
-    from omnivoice.server.realtime.session import Session
+    from omnivoice.server.session.session import Session
 
 
 def plan_response(session: Session, r: ResponseParams | None, event_id: str | None) -> ResponsePlan:

@@ -20,16 +20,16 @@ from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad, VadStream
 from omnivoice.audio.wav import AudioDecodeError
 from omnivoice.server.errors import APIError
-from omnivoice.server.realtime import items
-from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Conversation, Item, new_id
-from omnivoice.server.realtime.input_audio import BufferFull, InputBuffer, SpeechStarted, TurnDetector
-from omnivoice.server.realtime.outbox import Outbox
-from omnivoice.server.realtime.planning import plan_response
-from omnivoice.server.realtime.prompting import build_prompt
-from omnivoice.server.realtime.response import Response, ResponsePlan
-from omnivoice.server.realtime.server_events import error, session_object
-from omnivoice.server.realtime.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
+from omnivoice.server.session import items
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
+from omnivoice.server.session.input_audio import BufferFull, InputBuffer, SpeechStarted, TurnDetector
+from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.planning import plan_response
+from omnivoice.server.session.prompting import build_prompt
+from omnivoice.server.session.response import Response, ResponsePlan
+from omnivoice.server.session.server_events import error, session_object
+from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
 from omnivoice.types import text_exceeds
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class Session:
         self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
         self.last_response: Response | None = None
         self._warm_task: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def busy(self) -> bool:
@@ -358,7 +359,11 @@ class Session:
         await r.cancel("client_cancelled")
 
     async def close(self) -> None:
-        """The client left: abort the in-flight response in every stage, free the cached prefix."""
+        """The client left: abort the in-flight response in every stage, free the cached prefix.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if self.response is not None:
             await self.response.cancel("client_cancelled")
         if self._warm_task is not None:

@@ -103,7 +103,7 @@ class Outbox:
         limits: OutboxLimits | None = None,
     ) -> None:
         self._raw_send = send_text
-        self._session_id = session_id
+        self.session_id = session_id  # of the session it serves
         self.beta = beta
         self.limits = limits or OutboxLimits()
         self._queue: deque[Queued] = deque()

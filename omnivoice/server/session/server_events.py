@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnivoice.audio.formats import AudioFormat
-from omnivoice.server.realtime.session_config import SessionSettings
+from omnivoice.server.session.session_config import SessionSettings
 from omnivoice.types import Usage
 
 Event = dict[str, Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from omnivoice.server.realtime.conversation import Conversation
+from omnivoice.server.session.conversation import Conversation
 from omnivoice.types import ChatMessage, Prompt, TextPart, text_exceeds
 
 

@@ -12,12 +12,12 @@ import soxr
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.wav import AudioDecodeError
-from omnivoice.server.realtime import protocol as p
-from omnivoice.server.realtime.conversation import INPUT_RATE, Content, Item, new_id
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.conversation import INPUT_RATE, Content, Item, new_id
 from omnivoice.types import text_exceeds
 
 if TYPE_CHECKING:
-    from omnivoice.server.realtime.session import Session
+    from omnivoice.server.session.session import Session
 
 MIN_AUDIO_MS = 10  # an item's audio: the thinker's audio features have one frame per 10 ms
 MIN_AUDIO_SAMPLES = INPUT_RATE * MIN_AUDIO_MS // 1000

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from omnivoice.server.realtime.outbox import Outbox, SlowConsumer
-from omnivoice.server.realtime.server_events import error
+from omnivoice.server.session.outbox import Outbox, SlowConsumer
+from omnivoice.server.session.server_events import error
 
 if TYPE_CHECKING:
     from omnivoice.server.drain import Drain
-    from omnivoice.server.realtime.session import Session
+    from omnivoice.server.session.session import Session
 
 log = logging.getLogger(__name__)
 

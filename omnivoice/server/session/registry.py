@@ -1,0 +1,159 @@
+"""The app's realtime sessions (`app.state.realtime`, made by `create_app`): the open ones, bounded by
+realtime.max_sessions, the Silero VAD they share, and the one way every transport opens one.
+
+Opening is admission first (`Sessions.admit`): the engine must be up, the API key within its request
+rate (unless the auth middleware already counted the request) and its cap of open sessions, and the
+server within its session limit. Any of them refuses with `SessionRefused`, whose `kind` each
+transport turns into its protocol's answer (an `error` event and close 1013, a close 1013, HTTP 429 or
+503). The admitted `Ticket` opens the `Session` (`Ticket.open`) and, once the connection is over,
+however it ended, releases all of it (`Ticket.close`). `Sessions.open` does both around an
+`async with`, for a transport whose session lives as long as one block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from omnivoice.audio.vad import SileroVad
+from omnivoice.config import Profile
+from omnivoice.server.auth.limits import KeyLimits, RateLimited, SessionLease
+from omnivoice.server.errors import APIError
+from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.session import Session
+
+log = logging.getLogger(__name__)
+
+RefusalKind = Literal["rate_limited", "session_limit", "unavailable"]
+
+
+class SessionRefused(Exception):
+    """No session now: over the key's limits (`rate_limited`, retry after `retry_after_s`), the server
+    at its session limit (`session_limit`), or no engine to serve it (`unavailable`)."""
+
+    def __init__(self, kind: RefusalKind, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class Sessions:
+    """`lifecycle` gives the engine (`require()`), `admission` the slot each response takes, `limits`
+    the per-key limits; `vad` is loaded on first use unless given."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        lifecycle: Any,
+        admission: Any,
+        limits: KeyLimits,
+        vad: SileroVad | None = None,
+    ) -> None:
+        self.profile = profile
+        self.config = profile.realtime
+        self.sessions: dict[str, Session] = {}
+        self._lifecycle = lifecycle
+        self._admission = admission
+        self._limits = limits
+        self._reserved = 0
+        self._vad = vad
+        self._vad_lock = asyncio.Lock()
+
+    async def admit(self, owner: str, *, request_counted: bool = False) -> Ticket:
+        """Admit a session of API key `owner`, or raise SessionRefused. `request_counted`: the auth
+        middleware has already counted the request against the key's rate (an HTTP request)."""
+        try:
+            engine = self._lifecycle.require()
+        except APIError as e:
+            raise SessionRefused("unavailable", e.message) from None
+        try:
+            if not request_counted:
+                self._limits.take(owner)
+            lease = self._limits.claim_session(owner)
+        except RateLimited as e:
+            raise SessionRefused("rate_limited", e.message, e.retry_after_s) from None
+        if self._reserved >= self.config.max_sessions:
+            lease.release()
+            limit = self.config.max_sessions
+            message = f"the server is at its limit of {limit} realtime sessions; retry later"
+            raise SessionRefused("session_limit", message)
+        self._reserved += 1
+        return Ticket(self, engine, lease)
+
+    @asynccontextmanager
+    async def open(
+        self, owner: str, outbox: Outbox, *, settings: dict[str, Any] | None = None
+    ) -> AsyncIterator[Session]:
+        """Admit and open a session (SessionRefused if it cannot be); closed and released on exit."""
+        ticket = await self.admit(owner)
+        try:
+            yield await ticket.open(outbox, settings)
+        finally:
+            await ticket.close()
+
+    @property
+    def reserved(self) -> int:
+        """Session slots held (a session, call or Twilio stream that has not yet ended)."""
+        return self._reserved
+
+    def _release(self, session_id: str | None) -> None:
+        self._reserved -= 1
+        if session_id is not None:
+            self.sessions.pop(session_id, None)
+
+    async def vad(self) -> SileroVad:
+        """The Silero VAD model, loaded (in a thread) on first use and shared by all sessions."""
+        async with self._vad_lock:
+            if self._vad is None:
+                self._vad = await asyncio.to_thread(SileroVad)
+                log.info("silero VAD loaded")
+            return self._vad
+
+
+class Ticket:
+    """One admitted session: the engine it runs on, its slot among the server's sessions and its count
+    against the API key, all held until `close`."""
+
+    def __init__(self, sessions: Sessions, engine: Any, lease: SessionLease) -> None:
+        self.engine = engine
+        self.session: Session | None = None
+        self._sessions: Sessions | None = sessions
+        self._lease = lease
+        self._session_id: str | None = None
+
+    async def open(self, outbox: Outbox, settings: dict[str, Any] | None = None) -> Session:
+        """The session behind `outbox` (its id is the outbox's), with `settings` (a `session.update`
+        object: ProtocolError if refused) applied, listed among the app's sessions."""
+        sessions = self._sessions
+        assert sessions is not None and self.session is None, "a ticket opens one session"
+        session = Session(
+            outbox.session_id,
+            self.engine,
+            outbox,
+            await sessions.vad(),
+            profile=sessions.profile,
+            admission=sessions._admission,
+        )
+        self.session = session  # closed by `close` even if its settings are refused
+        if settings:
+            session.apply_settings(settings)
+        sessions.sessions[session.id] = session
+        self._session_id = session.id
+        return session
+
+    async def close(self) -> None:
+        """Close the session (its response aborted in every engine stage) and give back its slot and
+        its count against the key; idempotent."""
+        session, self.session = self.session, None
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            sessions, self._sessions = self._sessions, None
+            if sessions is not None:
+                sessions._release(self._session_id)
+            self._lease.release()
