@@ -1,11 +1,15 @@
-"""`conversation.item.create|retrieve|delete|truncate`."""
+"""`conversation.item.create|retrieve|delete|truncate`: the client edits the conversation.
+
+Each helper takes the pieces it acts on (the conversation, the outbox, the model's limits, the input
+format); the session dispatches the events and decides when a truncate applies (session.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import binascii
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import soxr
@@ -13,11 +17,9 @@ import soxr
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.wav import AudioDecodeError
 from omnivoice.server.session import protocol as p
-from omnivoice.server.session.conversation import INPUT_RATE, Content, Item, new_id
-from omnivoice.types import text_exceeds
-
-if TYPE_CHECKING:
-    from omnivoice.server.session.session import Session
+from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
+from omnivoice.server.session.outbox import Outbox
+from omnivoice.types import ModelInfo, text_exceeds
 
 MIN_AUDIO_MS = 10  # an item's audio: the thinker's audio features have one frame per 10 ms
 MIN_AUDIO_SAMPLES = INPUT_RATE * MIN_AUDIO_MS // 1000
@@ -30,29 +32,9 @@ _ASSISTANT_TYPES = {
 }
 
 
-async def handle(session: Session, e: p.ClientEvent) -> None:
-    if isinstance(e, p.ItemCreate):
-        await create(session, e)
-    elif isinstance(e, p.ItemRetrieve):
-        item = _find(session, e.item_id, e.event_id)
-        session.outbox.put({"type": "conversation.item.retrieved", "item": _with_audio(session, item)})
-    elif isinstance(e, p.ItemDelete):
-        item = _find(session, e.item_id, e.event_id)
-        if session.response is not None and session.response.item is item:
-            raise p.ProtocolError(
-                "the item is being generated; cancel the response first",
-                "invalid_value",
-                "item_id",
-                e.event_id,
-            )
-        session.conversation.delete(item.id)
-        session.outbox.put({"type": "conversation.item.deleted", "item_id": item.id})
-    elif isinstance(e, p.ItemTruncate):
-        truncate(session, e)
-
-
-def _find(session: Session, item_id: str, event_id: str | None) -> Item:
-    item = session.conversation.get(item_id)
+def find(conversation: Conversation, item_id: str, event_id: str | None) -> Item:
+    """The item `item_id`, or ProtocolError `item_not_found`."""
+    item = conversation.get(item_id)
     if item is None:
         raise p.ProtocolError(
             f"the item with id {item_id!r} does not exist", "item_not_found", "item_id", event_id
@@ -60,7 +42,15 @@ def _find(session: Session, item_id: str, event_id: str | None) -> Item:
     return item
 
 
-async def create(session: Session, e: p.ItemCreate) -> None:
+async def create(
+    e: p.ItemCreate,
+    conversation: Conversation,
+    outbox: Outbox,
+    info: ModelInfo,
+    input_format: AudioFormat,
+    max_audio_s: float,
+) -> None:
+    """Add the client's item; its audio is in `input_format`, at most `max_audio_s` long."""
     it = e.item
     if it.type != "message":
         raise p.ProtocolError(
@@ -78,15 +68,15 @@ async def create(session: Session, e: p.ItemCreate) -> None:
             "the item has no content", "missing_required_parameter", "item.content", e.event_id
         )
     texts = [t for c in it.content for t in (c.text, c.transcript) if t]
-    if text_exceeds(texts, session.engine.info.max_prompt_chars):  # it could never be in a prompt
-        raise too_long("item.content", sum(map(len, texts)), session, e.event_id)
+    if text_exceeds(texts, info.max_prompt_chars):  # it could never be in a prompt
+        raise p.too_long("item.content", sum(map(len, texts)), info, e.event_id)
     content = [
-        await _content(session, it.role, c, f"item.content[{n}]", e.event_id)
+        await _content(it.role, c, input_format, max_audio_s, f"item.content[{n}]", e.event_id)
         for n, c in enumerate(it.content)
     ]
     item = Item(it.id or new_id("item"), it.role, content)
     try:
-        prev = session.conversation.insert(item, e.previous_item_id)
+        prev = conversation.insert(item, e.previous_item_id)
     except KeyError:
         raise p.ProtocolError(
             f"previous_item_id {e.previous_item_id!r} does not exist",
@@ -98,22 +88,12 @@ async def create(session: Session, e: p.ItemCreate) -> None:
         raise p.ProtocolError(
             f"an item with id {item.id!r} already exists", "invalid_value", "item.id", e.event_id
         ) from None
-    session.outbox.put({"type": "conversation.item.added", "previous_item_id": prev, "item": item.wire()})
-    session.outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
-
-
-def too_long(param: str, chars: int, session: Session, event_id: str | None) -> p.ProtocolError:
-    """The error for text no prompt can hold (`ModelInfo.max_prompt_chars`), refused before it is kept."""
-    info = session.engine.info
-    message = (
-        f"Invalid '{param}': string too long. The model's context of {info.max_prompt_tokens} tokens "
-        f"holds at most {info.max_prompt_chars} characters, got {chars}."
-    )
-    return p.ProtocolError(message, "string_above_max_length", param, event_id)
+    outbox.put({"type": "conversation.item.added", "previous_item_id": prev, "item": item.wire()})
+    outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
 
 
 async def _content(
-    session: Session, role: str, c: p.ContentParam, param: str, event_id: str | None
+    role: str, c: p.ContentParam, fmt: AudioFormat, max_s: float, param: str, event_id: str | None
 ) -> Content:
     allowed = _USER_TYPES if role == "user" else {"input_text"} if role == "system" else set(_ASSISTANT_TYPES)
     if c.type not in allowed:
@@ -142,7 +122,6 @@ async def _content(
             )
         audio = None
         if c.audio:  # decoding and resampling are CPU work in proportion to the audio: off the loop
-            fmt, max_s = session.settings.input_format, session.buffer.max_samples / INPUT_RATE
             audio = await asyncio.to_thread(_decode_audio, fmt, max_s, c.audio, f"{param}.audio", event_id)
         return Content("input_audio", audio=audio, transcript=c.transcript)
     kind = _ASSISTANT_TYPES[c.type]
@@ -173,10 +152,9 @@ def _decode_audio(
     return audio
 
 
-def _with_audio(session: Session, item: Item) -> dict[str, Any]:
+def retrieved(item: Item, fmt: AudioFormat) -> dict[str, Any]:
     """The item as `conversation.item.retrieved` shows it: input audio included, in the input format."""
     wire = item.wire()
-    fmt = session.settings.input_format
     for c, w in zip(item.content, wire["content"], strict=True):
         if c.audio is not None:
             pcm = soxr.resample(c.audio, INPUT_RATE, fmt.sample_rate).astype(np.float32, copy=False)
@@ -184,28 +162,36 @@ def _with_audio(session: Session, item: Item) -> dict[str, Any]:
     return wire
 
 
-def truncate(session: Session, e: p.ItemTruncate) -> None:
-    item = _find(session, e.item_id, e.event_id)
+def delete(e: p.ItemDelete, conversation: Conversation, outbox: Outbox, generating: Item | None) -> None:
+    """Delete the item, unless it is `generating` (the in-flight response's)."""
+    item = find(conversation, e.item_id, e.event_id)
+    if item is generating:
+        raise p.ProtocolError(
+            "the item is being generated; cancel the response first", "invalid_value", "item_id", e.event_id
+        )
+    conversation.delete(item.id)
+    outbox.put({"type": "conversation.item.deleted", "item_id": item.id})
+
+
+def truncatable(e: p.ItemTruncate, conversation: Conversation) -> Item:
+    """The item a truncate names, if it is an assistant audio item (else ProtocolError)."""
+    item = find(conversation, e.item_id, e.event_id)
     if item.role != "assistant" or item.ledger is None:
         raise p.ProtocolError(
             "only assistant audio items can be truncated", "invalid_value", "item_id", e.event_id
         )
     if e.content_index != 0:
         raise p.ProtocolError("content_index must be 0", "invalid_value", "content_index", e.event_id)
-    if session.response is not None and session.response.item is item:
-        # still being generated: apply once the response ends, against the audio that was really sent
-        session.defer_truncate(item.id, e.audio_end_ms)
-        return
-    apply_truncate(session, item, e.audio_end_ms)
+    return item
 
 
-def apply_truncate(session: Session, item: Item, audio_end_ms: float) -> None:
+def apply_truncate(outbox: Outbox, item: Item, audio_end_ms: float) -> None:
     """Keep only the heard part of the transcript in the history; `audio_end_ms` is clamped."""
     ledger = item.ledger
     assert ledger is not None
     heard = ledger.clamp(audio_end_ms)
     item.content[0].transcript = ledger.heard_transcript(heard)
     ledger.sent = min(ledger.sent, heard * ledger.sample_rate // 1000)
-    session.outbox.put(
+    outbox.put(
         {"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0, "audio_end_ms": heard}
     )

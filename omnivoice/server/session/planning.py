@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
-from omnivoice.server.session.items import too_long
-from omnivoice.server.session.protocol import ProtocolError, ResponseAudioOutput, ResponseParams
+from omnivoice.config import StagesConfig
+from omnivoice.server.session.protocol import ProtocolError, ResponseAudioOutput, ResponseParams, too_long
 from omnivoice.server.session.response import ResponsePlan
 from omnivoice.server.session.session_config import (
     NO_TOOL_CHOICE,
     FormatParam,
+    SessionSettings,
     SettingsError,
     resolve_format,
     resolve_voice,
 )
-from omnivoice.types import Sampling, text_exceeds
-
-if TYPE_CHECKING:
-    from omnivoice.server.session.session import Session
+from omnivoice.types import ModelInfo, Sampling, text_exceeds
 
 
-def plan_response(session: Session, r: ResponseParams | None, event_id: str | None) -> ResponsePlan:
-    s, stages, info = session.settings, session.profile.stages, session.engine.info
+def plan_response(
+    s: SessionSettings, stages: StagesConfig, info: ModelInfo, r: ResponseParams | None, event_id: str | None
+) -> ResponsePlan:
+    """The plan of a response from the session's settings `s`, the profile's `stages` sampling and
+    the model's `info`, overridden by `response.create`'s `r` (ProtocolError if `r` is refused)."""
     r = r or ResponseParams()
     if r.input is not None or r.tools:
         raise ProtocolError("response.input and tools are not supported", "unsupported", "response", event_id)
@@ -33,7 +35,7 @@ def plan_response(session: Session, r: ResponseParams | None, event_id: str | No
         message = f"response.{name} is not supported by this server (no tools, no stored prompts)"
         raise ProtocolError(message, "unsupported", f"response.{name}", event_id)
     if r.instructions and text_exceeds([r.instructions], info.max_prompt_chars):
-        raise too_long("response.instructions", len(r.instructions), session, event_id)
+        raise too_long("response.instructions", len(r.instructions), info, event_id)
     if r.conversation not in (None, "auto", "none"):
         raise ProtocolError(
             "response.conversation must be 'auto' or 'none'",
@@ -53,7 +55,7 @@ def plan_response(session: Session, r: ResponseParams | None, event_id: str | No
     fmt, wanted = s.output_format, out.format if out.format is not None else r.output_audio_format
     if wanted is not None:
         fmt = resolve_format(_format_param(wanted, event_id), fmt)
-    modalities = r.output_modalities or r.modalities or list(s.output_modalities)
+    modalities: Sequence[str] = r.output_modalities or r.modalities or s.output_modalities
     tokens = r.max_output_tokens or r.max_response_output_tokens or s.max_output_tokens
     d = stages.thinker.sampling
     max_tokens = d.max_tokens if tokens in (None, "inf") else min(int(tokens), stages.thinker.max_seq_len)

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from omnivoice.types import ModelInfo
+
 _FIELD = re.compile(r"[a-z_][a-z0-9_]*")
 
 
@@ -226,6 +228,15 @@ def _validation_error(
             f"Missing required parameter: '{param}'.", "missing_required_parameter", param, event_id
         )
     return ProtocolError(f"Invalid value for '{param}': {first['msg']}.", "invalid_value", param, event_id)
+
+
+def too_long(param: str, chars: int, info: ModelInfo, event_id: str | None) -> ProtocolError:
+    """The error for text no prompt can hold (`ModelInfo.max_prompt_chars`), refused before it is kept."""
+    message = (
+        f"Invalid '{param}': string too long. The model's context of {info.max_prompt_tokens} tokens "
+        f"holds at most {info.max_prompt_chars} characters, got {chars}."
+    )
+    return ProtocolError(message, "string_above_max_length", param, event_id)
 
 
 def session_patch_error(e: ValidationError, event_id: str | None) -> ProtocolError:

@@ -1,0 +1,189 @@
+"""A session's input audio and its turns: what the client appends, server VAD over it, and the user
+items it commits.
+
+`input_audio_buffer.append` is decoded and resampled to 16 kHz (`decode`); WebRTC and Twilio feed
+their decoded audio straight to `append`. With server VAD on, `append` scores the audio (Silero, in a
+worker thread) and returns the turn detector's events in order; the session acts on each (a barge-in,
+a response) and reports it here (`speech_started`, `speech_stopped`), which sends the speech events
+and commits the spoken audio as a user item. Without VAD the client commits (`commit`) or clears
+(`clear`) the buffer itself. `Turns` knows nothing of responses: the session decides what a turn does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+
+import numpy as np
+
+from omnivoice.audio.resample import StreamResampler
+from omnivoice.audio.vad import VadStream
+from omnivoice.audio.wav import AudioDecodeError
+from omnivoice.server.session import protocol as p
+from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
+from omnivoice.server.session.input_audio import (
+    BufferFull,
+    InputBuffer,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+)
+from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.session_config import SessionSettings
+
+MIN_COMMIT_MS = 100
+# Appends with more base64 than this (about 0.7 s of 24 kHz pcm16) are decoded and resampled in a worker
+# thread: that work grows with the audio, and the event loop serves every other client meanwhile.
+OFF_LOOP_AUDIO_CHARS = 32 * 1024
+
+
+class Turns:
+    """The input buffer (at most `max_samples` at 16 kHz), the VAD stream and turn detector, and the
+    turn being spoken. Committed items go into `conversation`, events to `outbox`."""
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        vad: VadStream,
+        max_samples: int,
+        conversation: Conversation,
+        outbox: Outbox,
+    ) -> None:
+        self.settings = settings
+        self.buffer = InputBuffer(max_samples)
+        self._vad = vad
+        self._conversation = conversation
+        self._outbox = outbox
+        self._detector = TurnDetector(settings.turn_detection) if settings.turn_detection else None
+        self._speech: tuple[str, int] | None = None  # (item id, audio start) of the turn being spoken
+        self._in = StreamResampler(settings.input_format.sample_rate, INPUT_RATE)
+
+    @property
+    def max_seconds(self) -> float:
+        """How much audio the buffer (and so one committed item) may hold."""
+        return self.buffer.max_samples / INPUT_RATE
+
+    def configure(self, new: SessionSettings) -> None:
+        """The session's settings changed: follow a new input format or turn detection."""
+        old, self.settings = self.settings, new
+        if new.input_format != old.input_format:
+            self._in = StreamResampler(new.input_format.sample_rate, INPUT_RATE)
+        if new.turn_detection != old.turn_detection:
+            position = self._detector.next_frame if self._detector else self.buffer.end
+            if self._detector is None:
+                self._vad.reset()
+            self._detector = TurnDetector(new.turn_detection, position) if new.turn_detection else None
+            self._speech = None
+
+    # ---- appending ------------------------------------------------------------------------------
+    async def decode(self, e: p.AudioAppend) -> np.ndarray:
+        """An append's base64 audio as float32 PCM at 16 kHz (off the event loop when it is large)."""
+        fmt = self.settings.input_format
+        seconds = self.max_seconds
+        if len(e.audio) * 3 // 4 > int(fmt.sample_rate * fmt.bytes_per_sample * seconds):
+            message = f"the audio is longer than the input buffer's limit of {seconds:g} s"
+            raise p.ProtocolError(message, "input_audio_buffer_too_large", "audio", e.event_id)
+        if len(e.audio) > OFF_LOOP_AUDIO_CHARS:  # events are handled one at a time: _in is ours meanwhile
+            return await asyncio.to_thread(self._decode, e.audio, e.event_id)
+        return self._decode(e.audio, e.event_id)
+
+    def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
+        try:
+            raw = base64.b64decode(audio, validate=True)
+            pcm = self.settings.input_format.decode(raw)
+        except (binascii.Error, ValueError) as err:
+            message = str(err) if isinstance(err, AudioDecodeError) else "the audio is not valid base64"
+            raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
+        return self._in.process(pcm)
+
+    async def append(
+        self, pcm: np.ndarray, event_id: str | None = None
+    ) -> list[SpeechStarted | SpeechStopped]:
+        """Append mono float32 audio at 16 kHz; with server VAD, the turn detector's events in order."""
+        if self._detector is not None and not self._detector.speaking:
+            self.buffer.trim(self.buffer.end - self._keep_while_idle())
+        try:
+            self.buffer.append(pcm)
+        except BufferFull:
+            message = f"the input audio buffer is full ({self.max_seconds:g} s); commit or clear it"
+            raise p.ProtocolError(message, "input_audio_buffer_full", "audio", event_id) from None
+        if self._detector is None or not pcm.size:
+            return []
+        probs = await asyncio.to_thread(self._vad.process, pcm)
+        return self._detector.update(probs)
+
+    def _keep_while_idle(self) -> int:
+        td = self.settings.turn_detection
+        return int((td.prefix_padding_ms if td else 0) * INPUT_RATE / 1000) + 4 * 512
+
+    # ---- server VAD -----------------------------------------------------------------------------
+    def speech_started(self, position: int) -> None:
+        """The detector heard speech start at `position`: a turn begins, `prefix_padding_ms` before."""
+        td = self.settings.turn_detection
+        assert td is not None
+        start = max(self.buffer.start, position - td.prefix_padding_ms * INPUT_RATE // 1000)
+        self._speech = (new_id("item"), start)
+        self._outbox.put(
+            {
+                "type": "input_audio_buffer.speech_started",
+                "audio_start_ms": start * 1000 // INPUT_RATE,
+                "item_id": self._speech[0],
+            }
+        )
+
+    def speech_stopped(self, position: int) -> Item | None:
+        """The detector heard the speech end at `position`: the turn's audio becomes a user item
+        (returned), or None when no turn was being spoken."""
+        if self._speech is None:
+            return None
+        item_id, start = self._speech
+        self._speech = None
+        self._outbox.put(
+            {
+                "type": "input_audio_buffer.speech_stopped",
+                "audio_end_ms": position * 1000 // INPUT_RATE,
+                "item_id": item_id,
+            }
+        )
+        return self._commit(item_id, self.buffer.take(start, position))
+
+    # ---- the client's commit and clear ----------------------------------------------------------
+    def commit(self, event_id: str | None) -> Item:
+        """`input_audio_buffer.commit`: the whole buffer becomes a user item."""
+        pcm = self._in.flush()
+        if pcm.size:
+            self.buffer.append(pcm[: max(0, self.buffer.max_samples - self.buffer.samples)])
+        if self.buffer.samples * 1000 < MIN_COMMIT_MS * INPUT_RATE:
+            ms = self.buffer.samples * 1000 / INPUT_RATE
+            message = (
+                f"Error committing input audio buffer: buffer too small. Expected at least "
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has {ms:.2f}ms of audio."
+            )
+            raise p.ProtocolError(message, "input_audio_buffer_commit_empty", None, event_id)
+        item_id = self._speech[0] if self._speech else new_id("item")
+        self._speech = None
+        audio = self.buffer.take(self.buffer.start, self.buffer.end)
+        if self._detector is not None:
+            self._detector.reset(self._detector.next_frame)
+        return self._commit(item_id, audio)
+
+    def _commit(self, item_id: str, audio: np.ndarray) -> Item:
+        item = Item(item_id, "user", [Content("input_audio", audio=audio)])
+        prev = self._conversation.insert(item)
+        self._outbox.put(
+            {"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id}
+        )
+        self._outbox.put({"type": "conversation.item.added", "previous_item_id": prev, "item": item.wire()})
+        self._outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
+        return item
+
+    def clear(self) -> None:
+        """`input_audio_buffer.clear`: drop the buffer and the turn being spoken."""
+        self.buffer.clear()
+        self._speech = None
+        self._in.reset()
+        self._vad.reset()
+        if self._detector is not None:
+            self._detector.reset(self.buffer.end)
+        self._outbox.put({"type": "input_audio_buffer.cleared"})
