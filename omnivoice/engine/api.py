@@ -7,7 +7,7 @@ of `omnivoice.engine` except its process figures).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from omnivoice.types import (
@@ -47,8 +47,9 @@ class EngineAPI(Protocol):
         """Why `request` would be refused now (every stage at capacity), or None if it fits."""
         ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
-        """Run `request` through the stages, yielding its text deltas, audio chunks and `Finished`."""
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
+        """Run `request` through the stages, yielding its text deltas, audio chunks and `Finished`;
+        closing the generator early (`aclose`) aborts the request in every stage."""
         ...
 
     async def abort(self, request_id: str) -> None:

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,7 +112,7 @@ class Engine:
     def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
         return self._builder.build(messages, self.profile.model.system_prompt)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._closed:
             raise RuntimeError("engine is closed")
         if self.failure:

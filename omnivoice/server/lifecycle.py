@@ -6,9 +6,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from omnivoice.config import Profile
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server.errors import server_overloaded, service_unavailable, shutting_down
 from omnivoice.types import EngineStats
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # `Engine.start`, or a stand-in with the same interface (tests).
-EngineFactory = Callable[[Profile], Awaitable[Any]]
+EngineFactory = Callable[[Profile], Awaitable[EngineAPI]]
 
 
 async def start_default_engine(profile: Profile) -> Engine:
@@ -47,7 +48,7 @@ class EngineLifecycle:
         self._profile = profile
         self._factory = factory
         self.state: Literal["starting", "ready", "failed", "closed"] = "starting"
-        self.engine: Any = None
+        self.engine: EngineAPI | None = None
         self.error: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
@@ -87,18 +88,20 @@ class EngineLifecycle:
         await self._settled.wait()
         return self.state == "ready"
 
-    def require(self) -> Any:
+    def require(self) -> EngineAPI:
         """The running engine, or a 503 APIError."""
-        if self.state == "ready":
-            if self.engine.failure:
-                raise service_unavailable(f"the engine failed: {self.engine.failure}")
-            return self.engine
+        engine = self.engine
+        if self.state == "ready" and engine is not None:
+            if engine.failure:
+                raise service_unavailable(f"the engine failed: {engine.failure}")
+            return engine
         if self.state == "starting":
             raise service_unavailable("the model is still loading; retry shortly")
         raise service_unavailable(f"the engine is {self.state}")
 
     def stats(self) -> EngineStats | None:
-        return self.engine.stats() if self.state == "ready" else None
+        engine = self.engine
+        return engine.stats() if self.state == "ready" and engine is not None else None
 
     async def close(self) -> None:
         task = self._task

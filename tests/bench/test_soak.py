@@ -11,10 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from server.serve import serve_tiny
 
 from omnivoice.bench.soak_cli import add_arguments, run
 from omnivoice.bench.soak_report import growth
+from tests.support.serve import serve_tiny
 
 NO_ESPEAK = shutil.which("espeak-ng") is None
 

@@ -18,13 +18,13 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from server.serve import ServerThread, serve_thread
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.session import protocol as p
+from tests.support.serve import ServerThread, serve_thread
 
 from .strategies import pick, raw_bytes
 from .test_fuzz_chat import bodies as chat_bodies

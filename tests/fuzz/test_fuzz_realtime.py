@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from server.fake_engine import AlwaysAdmit, FakeEngine, FakeModelInfo, Script
 
 from omnivoice.audio.formats import PCM16
 from omnivoice.audio.vad import SileroVad
@@ -24,6 +23,7 @@ from omnivoice.server.session import protocol as p
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
 from omnivoice.types import TextPart
+from tests.support.fake_engine import AlwaysAdmit, FakeEngine, Script, fake_model_info
 
 from .strategies import b64, lying_base64, mutated, pick, raw_bytes, raw_text
 
@@ -152,7 +152,7 @@ async def _run_session(vad: SileroVad, messages: list[str | bytes]) -> list[dict
     async def send(text: str) -> None:
         sent.append(json.loads(text))
 
-    engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
+    engine = FakeEngine(fake_model_info("omnivoice"), Script(delay=0.0, audio_chunks=2))
     outbox = Outbox(send, "sess_fuzz", beta=False)
     writer = asyncio.create_task(outbox.run())
     session = Session("sess_fuzz", engine, outbox, vad, profile=PROFILE, admission=AlwaysAdmit())

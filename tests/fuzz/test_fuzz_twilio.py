@@ -17,7 +17,6 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
-from server.fake_engine import AlwaysAdmit, FakeEngine, FakeModelInfo, Script
 
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import parse_profile
@@ -27,6 +26,7 @@ from omnivoice.server.session.registry import Sessions
 from omnivoice.server.session.session_config import SessionPatch
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.telephony.twilio_call import CallParameters, TwilioCall
+from tests.support.fake_engine import AlwaysAdmit, FakeEngine, Script, fake_model_info
 
 from .strategies import json_values, lying_base64, mutated, pick, raw_bytes, raw_text
 
@@ -125,7 +125,7 @@ def vad() -> Iterator[SileroVad]:
 
 
 async def _run_call(vad: SileroVad, messages: list[str | bytes]) -> TwilioCall:
-    engine = FakeEngine(FakeModelInfo(served_name="omnivoice"), Script(delay=0.0, audio_chunks=2))
+    engine = FakeEngine(fake_model_info("omnivoice"), Script(delay=0.0, audio_chunks=2))
     lifecycle = SimpleNamespace(require=lambda: engine)
     sessions = Sessions(PROFILE, lifecycle, AlwaysAdmit(), KeyLimits(PROFILE.auth.rate_limit), vad)
     call = TwilioCall(_Carrier(), await sessions.admit(ANONYMOUS), PROFILE)  # type: ignore[arg-type]

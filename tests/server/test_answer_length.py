@@ -15,8 +15,7 @@ import pytest
 import websockets
 
 from omnivoice.config import TalkerStage
-
-from .serve import ServerThread, serve_tiny
+from tests.support.serve import ServerThread, serve_tiny
 
 pytestmark = pytest.mark.slow
 

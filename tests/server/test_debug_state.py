@@ -7,8 +7,7 @@ from starlette.testclient import TestClient
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
-
-from .fake_engine import FakeEngine, serve_fake
+from tests.support.fake_engine import FakeEngine, serve_fake
 
 
 def test_state_lists_sessions_engine_tables_and_process_figures() -> None:

@@ -19,11 +19,11 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
+from tests.support.fake_engine import FakeEngine, FakeServer, Script
+from tests.support.serve import serve
 
-from .fake_engine import FakeEngine, FakeServer, Script
 from .realtime.fake import client
 from .realtime.rt import Recorder, pcm16
-from .serve import serve
 from .telephony.carrier import call
 
 USER: list[Any] = [{"role": "user", "content": "hi"}]

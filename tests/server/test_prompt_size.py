@@ -16,7 +16,7 @@ import httpx
 import pytest
 import websockets
 
-from .serve import ServerThread, serve_tiny
+from tests.support.serve import ServerThread, serve_tiny
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.serve import ServerThread, serve_tiny
+
 from .realtime.fake import client
 from .realtime.rt import Recorder
-from .serve import ServerThread, serve_tiny
 
 FRAMES = 60  # codec frames of the well-behaved response: 4.8 s of audio
 HOG_FRAMES = 900  # the slow reader's response: 72 s of audio, far more than any buffer holds

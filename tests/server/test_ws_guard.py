@@ -21,10 +21,10 @@ from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.auth.keys import ApiKeys
 from omnivoice.server.ws_guard import PREAUTH_BYTES
+from tests.support.fake_engine import FakeEngine
+from tests.support.serve import serve
 
 from .auth.common import KEY, bearer, serve_keyed, ws_url
-from .fake_engine import FakeEngine
-from .serve import serve
 from .telephony.carrier import call
 
 TWILIO = "/v1/telephony/twilio"

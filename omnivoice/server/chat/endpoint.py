@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnivoice.config import Profile
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server.chat.format import ChunkWriter, Turn, completion_body, encode_audio
 from omnivoice.server.chat.schema import (
     ChatRequest,
@@ -111,7 +112,7 @@ def _refused(e: APIError) -> str:
 
 
 async def _prepare(
-    request: Request, engine: Any, profile: Profile
+    request: Request, engine: EngineAPI, profile: Profile
 ) -> tuple[ChatRequest, GenerationRequest, Turn]:
     body = await read_json_object(request, profile.server.max_body_bytes)
     # Validating, decoding audio and tokenizing are CPU work, in proportion to what the client sent:
@@ -140,7 +141,7 @@ async def _prepare(
 
 
 def _request_and_prompt(
-    body: dict[str, Any], engine: Any, profile: Profile
+    body: dict[str, Any], engine: EngineAPI, profile: Profile
 ) -> tuple[ChatRequest, Prompt, str]:
     """The validated request, its prompt and voice; the cheap checks first, so that a request that
     cannot be served is refused before the costly work (decoding audio, tokenizing)."""
@@ -209,7 +210,7 @@ def _sampling(d: Any, **overrides: Any) -> Sampling:
 
 
 async def _complete(
-    request: Request, engine: Any, gen: GenerationRequest, turn: Turn, timer: RequestTimer
+    request: Request, engine: EngineAPI, gen: GenerationRequest, turn: Turn, timer: RequestTimer
 ) -> Response:
     """Non-streaming: collect everything; a client that disconnects meanwhile aborts the request."""
     rid = request.state.request_id
@@ -239,7 +240,7 @@ async def _complete(
 
 
 async def _collect(
-    engine: Any, gen: GenerationRequest, timer: RequestTimer
+    engine: EngineAPI, gen: GenerationRequest, timer: RequestTimer
 ) -> tuple[str, np.ndarray, int, Finished]:
     texts: list[str] = []
     pcm: list[np.ndarray] = []
@@ -260,7 +261,7 @@ async def _collect(
 
 
 async def _stream(
-    engine: Any, gen: GenerationRequest, turn: Turn, timer: RequestTimer, rid: str
+    engine: EngineAPI, gen: GenerationRequest, turn: Turn, timer: RequestTimer, rid: str
 ) -> AsyncGenerator[bytes, None]:
     """SSE events of one request; closing this generator early aborts the engine request."""
     writer = ChunkWriter(turn)

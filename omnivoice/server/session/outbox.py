@@ -25,6 +25,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from omnivoice.config import Profile
+
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
@@ -80,7 +82,7 @@ class OutboxLimits:
     send_timeout_s: float = 10.0
 
     @classmethod
-    def of(cls, profile: Any) -> OutboxLimits:
+    def of(cls, profile: Profile) -> OutboxLimits:
         return cls(profile.realtime.max_outbox_bytes, profile.server.send_timeout_s)
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.conversation import Conversation
 from omnivoice.types import ChatMessage, Prompt, TextPart, text_exceeds
 
 
 async def build_prompt(
-    engine: Any, conversation: Conversation, instructions: str | None
+    engine: EngineAPI, conversation: Conversation, instructions: str | None
 ) -> tuple[Prompt, list[ChatMessage]] | str:
     """The prompt and the messages it holds, or a user-facing reason why there is none.
 

@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import Profile
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server.auth.limits import KeyLimits, RateLimited, SessionLease
 from omnivoice.server.errors import APIError
+from omnivoice.server.lifecycle import Admission, EngineLifecycle
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
 
@@ -48,8 +50,8 @@ class Sessions:
     def __init__(
         self,
         profile: Profile,
-        lifecycle: Any,
-        admission: Any,
+        lifecycle: EngineLifecycle,
+        admission: Admission,
         limits: KeyLimits,
         vad: SileroVad | None = None,
     ) -> None:
@@ -118,7 +120,7 @@ class Ticket:
     """One admitted session: the engine it runs on, its slot among the server's sessions and its count
     against the API key, all held until `close`."""
 
-    def __init__(self, sessions: Sessions, engine: Any, lease: SessionLease) -> None:
+    def __init__(self, sessions: Sessions, engine: EngineAPI, lease: SessionLease) -> None:
         self.engine = engine
         self.session: Session | None = None
         self._sessions: Sessions | None = sessions

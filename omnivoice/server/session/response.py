@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.resample import StreamResampler
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.conversation import Content, Conversation, Item, new_id
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.server.session.outbox import Outbox
@@ -37,6 +38,7 @@ from omnivoice.types import (
     GenerationRequest,
     Sampling,
     TextDelta,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,7 @@ class Response:
         self,
         *,
         session_id: str,
-        engine: Any,
+        engine: EngineAPI,
         outbox: Outbox,
         conversation: Conversation,
         plan: ResponsePlan,
@@ -108,7 +110,7 @@ class Response:
         self.status_details: dict[str, Any] | None = None
         self.cancel_reason = "client_cancelled"
         self.messages: list[ChatMessage] = []  # the history this response was prompted with
-        self.usage = None
+        self.usage: Usage | None = None
         self.item: Item | None = None
         self._engine = engine
         self._outbox = outbox
@@ -203,7 +205,8 @@ class Response:
             self.item.ledger.complete = ended
 
     def _open_item(self) -> None:
-        kind = "output_audio" if self.plan.want_audio else "output_text"
+        audio = self.plan.want_audio
+        kind: Literal["output_audio", "output_text"] = "output_audio" if audio else "output_text"
         content = Content(kind, transcript="" if self.plan.want_audio else None, text=None)
         ledger = AudioLedger(self.plan.output_format.sample_rate) if self.plan.want_audio else None
         self.item = Item(new_id("item"), "assistant", [content], status="in_progress", ledger=ledger)

@@ -19,7 +19,10 @@ from pydantic import ValidationError
 
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad
+from omnivoice.config import Profile
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server.errors import APIError
+from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Conversation, Item
@@ -37,8 +40,17 @@ log = logging.getLogger(__name__)
 
 
 class Session:
+    """`admission` gives each response its slot among the server's requests in flight."""
+
     def __init__(
-        self, session_id: str, engine: Any, outbox: Outbox, vad: SileroVad, *, profile: Any, admission: Any
+        self,
+        session_id: str,
+        engine: EngineAPI,
+        outbox: Outbox,
+        vad: SileroVad,
+        *,
+        profile: Profile,
+        admission: Admission,
     ) -> None:
         self.id = session_id
         self.engine = engine
@@ -53,7 +65,7 @@ class Session:
         self.turns = Turns(self.settings, vad.stream(), int(buffer_s * INPUT_RATE), self.conversation, outbox)
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         self.response: Response | None = None
-        self._slot: Any = None
+        self._slot: Slot | None = None
         self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
         self.last_response: Response | None = None
         self._warm_task: asyncio.Task[None] | None = None

@@ -170,12 +170,12 @@ class OutClear(_Out):
 
 def media_message(stream_sid: str, ulaw: bytes) -> OutMedia:
     payload = OutMediaInfo(payload=base64.b64encode(ulaw).decode("ascii"))
-    return OutMedia(streamSid=stream_sid, media=payload)
+    return OutMedia(stream_sid=stream_sid, media=payload)
 
 
 def mark_message(stream_sid: str, name: str) -> OutMark:
-    return OutMark(streamSid=stream_sid, mark=MarkInfo(name=name))
+    return OutMark(stream_sid=stream_sid, mark=MarkInfo(name=name))
 
 
 def clear_message(stream_sid: str) -> OutClear:
-    return OutClear(streamSid=stream_sid)
+    return OutClear(stream_sid=stream_sid)

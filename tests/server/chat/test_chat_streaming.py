@@ -15,8 +15,7 @@ import openai
 import pytest
 
 from omnivoice.audio import decode_wav
-
-from ..fake_engine import SAMPLE_RATE, FakeServer, Script, serve_fake
+from tests.support.fake_engine import SAMPLE_RATE, FakeServer, Script, serve_fake
 
 USER: list[Any] = [{"role": "user", "content": "hi"}]
 SCRIPT = Script()

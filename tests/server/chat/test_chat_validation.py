@@ -12,8 +12,7 @@ import pytest
 
 from omnivoice.audio import encode_wav, pcm16_bytes
 from omnivoice.types import AudioPart, TextPart
-
-from ..fake_engine import FakeServer, serve_fake
+from tests.support.fake_engine import FakeServer, serve_fake
 
 MAX_BODY = 256 * 1024
 USER = [{"role": "user", "content": "hi"}]

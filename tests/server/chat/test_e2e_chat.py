@@ -28,8 +28,7 @@ pytest.importorskip(
 from omnivoice.audio import decode_wav
 from omnivoice.config import Profile, parse_profile
 from omnivoice.server import create_app
-
-from ..serve import ServerThread, serve_thread
+from tests.support.serve import ServerThread, serve_thread
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,8 @@ import openai
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
-
-from ..fake_engine import FakeEngine, FakeServer, Script
-from ..serve import serve
+from tests.support.fake_engine import FakeEngine, FakeServer, Script
+from tests.support.serve import serve
 
 
 @contextmanager

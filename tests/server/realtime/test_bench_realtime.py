@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from omnivoice.bench.realtime_cli import add_arguments, format_table, run
+from tests.support.fake_engine import Script
 
-from ..fake_engine import Script
 from .fake import serve_realtime
 
 

@@ -12,8 +12,8 @@ import pytest
 import websockets
 
 from omnivoice.server.auth.client_secrets import ClientSecrets, presented_token
+from tests.support.fake_engine import FakeServer
 
-from ..fake_engine import FakeServer
 from .fake import serve_realtime
 
 

@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from omnivoice.types import AudioPart, TextPart
+from tests.support.serve import ServerThread, serve_tiny
 
-from ..serve import ServerThread, serve_tiny
 from .rt import Recorder, pcm16, send_audio, speak
 
 pytestmark = pytest.mark.slow

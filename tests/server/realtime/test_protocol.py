@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import websockets
 
-from ..fake_engine import FakeServer, Script
+from tests.support.fake_engine import FakeServer, Script
+
 from .fake import client, serve_realtime
 from .rt import Recorder, pcm16
 

@@ -22,7 +22,8 @@ import httpx
 import pytest
 import websockets
 
-from ..fake_engine import FakeServer, Script
+from tests.support.fake_engine import FakeServer, Script
+
 from ..telephony.carrier import call
 from ..webrtc.peers import connect
 from .fake import serve_realtime

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ..fake_engine import FakeServer, Script
+from tests.support.fake_engine import FakeServer, Script
+
 from ..webrtc.peers import connect
 from .fake import client, serve_realtime
 from .rt import Recorder

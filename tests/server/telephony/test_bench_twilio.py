@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from omnivoice.bench.realtime_cli import add_arguments, format_table, run
+from tests.support.fake_engine import Script
 
-from ..fake_engine import Script
 from ..realtime.fake import serve_realtime
 
 

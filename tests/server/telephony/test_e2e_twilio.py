@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.serve import ServerThread, serve_tiny
+
 from ..realtime.rt import speak
-from ..serve import ServerThread, serve_tiny
 from .carrier import FRAME, Carrier, call, ulaw
 
 pytestmark = pytest.mark.slow

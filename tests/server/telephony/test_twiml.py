@@ -12,9 +12,9 @@ import websockets
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
+from tests.support.fake_engine import FakeEngine
+from tests.support.serve import serve
 
-from ..fake_engine import FakeEngine
-from ..serve import serve
 from .carrier import call
 
 

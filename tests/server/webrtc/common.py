@@ -12,8 +12,7 @@ import pytest
 import soxr
 
 from omnivoice.audio import decode_wav, encode_wav
-
-from ..serve import serve_tiny  # noqa: F401  (re-exported for the WebRTC tests)
+from tests.support.serve import serve_tiny  # noqa: F401  (re-exported for the WebRTC tests)
 
 
 def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:

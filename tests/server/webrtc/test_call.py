@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from ..serve import ServerThread
+from tests.support.serve import ServerThread
+
 from .common import fixed, serve_tiny, speak
 from .peers import ClientCall, connect
 

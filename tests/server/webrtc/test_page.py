@@ -22,8 +22,9 @@ from urllib.parse import quote
 
 import pytest
 
+from tests.support.serve import ServerThread
+
 from ..auth.common import KEY, serve_keyed
-from ..serve import ServerThread
 from .common import fixed, serve_tiny, speech_wav
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from ..fake_engine import FakeServer
+from tests.support.fake_engine import FakeServer
+
 from ..realtime.fake import serve_realtime
 from .peers import connect
 

@@ -1,4 +1,5 @@
-"""A stand-in for `omnivoice.engine.engine.Engine`, for unit tests of the HTTP layer only.
+"""A stand-in for the engine (`omnivoice.engine.api.EngineAPI`, checked by mypy below), for tests of
+the server only.
 
 It yields a scripted interleaving of TextDeltas and AudioChunks with sleeps in between, records
 every request and every abort (explicit, or by the consumer leaving the iterator early), and can
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
+from starlette.applications import Starlette
 
 from omnivoice.config import Profile, parse_profile
+from omnivoice.engine.api import EngineAPI
 from omnivoice.server import create_app
 from omnivoice.types import (
     AudioChunk,
@@ -27,6 +30,7 @@ from omnivoice.types import (
     EngineStats,
     Finished,
     GenerationRequest,
+    ModelInfo,
     Prompt,
     StageStats,
     TextDelta,
@@ -44,14 +48,10 @@ class FakePromptError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class FakeModelInfo:
-    served_name: str
-    sample_rate: int = SAMPLE_RATE
-    voices: tuple[str, ...] = VOICES
-    default_voice: str = "ethan"
-    max_prompt_tokens: int = 200
-    max_prompt_chars: int | None = None  # as ModelInfo's; None: no bound before build_prompt
+def fake_model_info(served_name: str = "omnivoice") -> ModelInfo:
+    """The fake model: 24 kHz, two voices, a 200-token context, no bound on characters before
+    `build_prompt` (`max_prompt_chars` None)."""
+    return ModelInfo(served_name, SAMPLE_RATE, VOICES, default_voice="ethan", max_prompt_tokens=200)
 
 
 @dataclass
@@ -79,7 +79,7 @@ class AlwaysAdmit:
 
 @dataclass
 class FakeEngine:
-    info: FakeModelInfo
+    info: ModelInfo
     script: Script = field(default_factory=Script)
     requests: list[GenerationRequest] = field(default_factory=list)
     prompts: list[tuple[ChatMessage, ...]] = field(default_factory=list)
@@ -101,7 +101,7 @@ class FakeEngine:
         engines: list[FakeEngine] | None = None,
         start_gate: threading.Event | None = None,
         fail_start: bool = False,
-    ):
+    ) -> Callable[[Profile], Awaitable[FakeEngine]]:
         """An `engine_factory` for `create_app`; started engines are appended to `engines`."""
 
         async def start(profile: Profile) -> FakeEngine:
@@ -110,7 +110,7 @@ class FakeEngine:
                     await asyncio.sleep(0.01)
             if fail_start:
                 raise RuntimeError("weights not found")
-            engine = cls(FakeModelInfo(served_name=profile.model.served_name), script or Script())
+            engine = cls(fake_model_info(profile.model.served_name), script or Script())
             if engines is not None:
                 engines.append(engine)
             return engine
@@ -135,7 +135,7 @@ class FakeEngine:
             return f"the fake engine runs {self.capacity} requests at most"
         return None
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         why = self.overloaded(request)
         if why is not None:
             raise EngineOverloaded(why)
@@ -195,17 +195,21 @@ class FakeEngine:
         self.closed = True
 
 
+def _is_engine(engine: FakeEngine) -> EngineAPI:
+    return engine  # mypy checks here that the fake has every method and attribute of the engine seam
+
+
 @dataclass
 class FakeServer:
     url: str
-    app: Any
+    app: Starlette
     engines: list[FakeEngine]
 
     @property
     def engine(self) -> FakeEngine:
         return self.engines[0]
 
-    def count(self, status: str) -> float:
+    def count(self, status: str) -> float | None:
         """Current value of omnivoice_requests_total{status=...}."""
         return self.app.state.metrics.registry.get_sample_value(
             "omnivoice_requests_total", {"status": status}
@@ -216,13 +220,16 @@ class FakeServer:
 def serve_fake(
     script: Script | None = None,
     *,
-    server: dict | None = None,
+    server: dict[str, object] | None = None,
     wait_healthy: float | None = 30.0,
-    **factory: Any,
+    start_gate: threading.Event | None = None,
+    fail_start: bool = False,
 ) -> Iterator[FakeServer]:
-    """A real uvicorn server over a FakeEngine; `server` overrides keys of the profile's `server` section."""
+    """A real uvicorn server over a FakeEngine; `server` overrides keys of the profile's `server` section;
+    `start_gate` and `fail_start` as `FakeEngine.factory`'s."""
     profile = parse_profile({"server": server or {}})
     engines: list[FakeEngine] = []
-    app = create_app(profile, FakeEngine.factory(script, engines=engines, **factory))
+    factory = FakeEngine.factory(script, engines=engines, start_gate=start_gate, fail_start=fail_start)
+    app = create_app(profile, factory)
     with serve(app, wait_healthy=wait_healthy) as url:
         yield FakeServer(url, app, engines)
