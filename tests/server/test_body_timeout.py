@@ -11,7 +11,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .auth.common import KEY, serve_keyed
+from tests.support.keys import KEY, serve_keyed
+from tests.support.polling import wait_until
 
 HEAD = (
     "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -43,8 +44,6 @@ def test_a_client_leaving_mid_body_is_no_error(caplog: pytest.LogCaptureFixture)
         sock.sendall(HEAD + b'{"model": ')
         time.sleep(0.2)  # the route is reading the body
         sock.close()
-        deadline = time.monotonic() + 10
-        while "disconnected before its body" not in caplog.text and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: "disconnected before its body" in caplog.text, 10, "the INFO line")
     assert "disconnected before its body" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -20,9 +20,9 @@ from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.engine import Engine
 from omnivoice.models.dummy import REDUCED, DummySource
 from omnivoice.server import create_app
+from tests.support.realtime_client import Recorder, send_audio
 from tests.support.serve import ServerThread, serve_thread
-
-from .realtime.rt import Recorder, pcm16, send_audio
+from tests.support.speech import pcm16
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,7 @@ import httpx
 import websockets
 
 from omnivoice.server.http_guard import ClientConnections
-
-from .auth.common import serve_keyed, ws_url
+from tests.support.keys import serve_keyed, ws_url
 
 
 def connect(url: str) -> socket.socket:

@@ -20,11 +20,11 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from tests.support.fake_engine import FakeEngine, FakeServer, Script
+from tests.support.polling import until
+from tests.support.realtime_client import Recorder, client
 from tests.support.serve import serve
-
-from .realtime.fake import client
-from .realtime.rt import Recorder, pcm16
-from .telephony.carrier import call
+from tests.support.speech import pcm16
+from tests.support.twilio_carrier import call
 
 USER: list[Any] = [{"role": "user", "content": "hi"}]
 PTT = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
@@ -84,8 +84,7 @@ async def test_a_flood_over_capacity_is_refused_at_once_and_admitted_streams_fin
                 return time.perf_counter() - t0
 
             running = [asyncio.create_task(admitted()) for _ in range(2)]
-            while len(s.engine.running) < 2:
-                await asyncio.sleep(0.005)
+            await until(lambda: len(s.engine.running) >= 2, 10, "both admitted streams running")
             waits = await asyncio.gather(*(refused(i % 2 == 0) for i in range(40)))
             assert max(waits) < 0.5, waits  # answered at once, not queued
             for took, lines in await asyncio.gather(*running):
@@ -155,9 +154,7 @@ async def test_an_oversized_event_gets_an_error_and_the_session_goes_on(sections
             assert (await rec.next("input_audio_buffer.committed")).item_id
             await rec.close()
         # the server ends the session once it sees the close: a moment after the client's side
-        deadline = time.monotonic() + 5
-        while s.app.state.realtime.sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until(lambda: not s.app.state.realtime.sessions, 5, "the session ended")
         assert s.app.state.realtime.sessions == {}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from .auth.common import bearer, serve_keyed
+from tests.support.keys import bearer, serve_keyed
 
 
 def failed_attempts(url: str, n: int) -> list[int]:

@@ -11,8 +11,7 @@ import pytest
 import websockets
 
 from omnivoice.logs import configure_logging
-
-from .auth.common import serve_keyed
+from tests.support.keys import serve_keyed
 
 FORGED = "%0D%0A2030-01-01%2000:00:00.000%20INFO%20FORGED"
 

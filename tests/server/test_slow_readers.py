@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.polling import until
+from tests.support.realtime_client import Recorder, client
 from tests.support.serve import ServerThread, serve_tiny
-
-from .realtime.fake import client
-from .realtime.rt import Recorder
 
 FRAMES = 60  # codec frames of the well-behaved response: 4.8 s of audio
 HOG_FRAMES = 900  # the slow reader's response: 72 s of audio, far more than any buffer holds
@@ -109,13 +108,6 @@ async def normal_response(url: str) -> tuple[float, int]:
     return took, audio
 
 
-async def wait_until(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"not in {timeout} s: {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_a_realtime_client_that_stops_reading_is_dropped_without_slowing_others(
     st: ServerThread, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -123,23 +115,23 @@ async def test_a_realtime_client_that_stops_reading_is_dropped_without_slowing_o
     engine = state.lifecycle.engine
     alone, audio_alone = await normal_response(st.base_url)
     assert audio_alone > 0
-    await wait_until(lambda: state.realtime.sessions == {}, 5, "the first session ended")
+    await until(lambda: state.realtime.sessions == {}, 5, "the first session ended")
 
     hog = stalled_socket(st)
     ws_handshake(hog, "/v1/realtime?model=omnivoice")
-    await wait_until(lambda: len(state.realtime.sessions) == 1, 10, "the slow session opened")
+    await until(lambda: len(state.realtime.sessions) == 1, 10, "the slow session opened")
     (sid,) = state.realtime.sessions
     for event in (session_update(HOG_FRAMES), {"type": "conversation.item.create", "item": USER_ITEM}):
         ws_send(hog, event)
     ws_send(hog, {"type": "response.create"})
-    await wait_until(lambda: engine.stats().active_requests == 1, 10, "the slow session's response runs")
+    await until(lambda: engine.stats().active_requests == 1, 10, "the slow session's response runs")
 
     took, audio = await normal_response(st.base_url)  # meanwhile the slow one fills its buffers
     assert audio == audio_alone
     assert took < 2 * alone + 2.0, (took, alone)
 
-    await wait_until(lambda: sid not in state.realtime.sessions, 30, "the slow client was dropped")
-    await wait_until(lambda: engine.stats().active_requests == 0, 10, "its request was aborted")
+    await until(lambda: sid not in state.realtime.sessions, 30, "the slow client was dropped")
+    await until(lambda: engine.stats().active_requests == 0, 10, "its request was aborted")
     assert engine.replica_load() == [[0], [0], [0]] and state.admission.in_flight == 0
     assert any("stopped reading" in r.getMessage() and sid in r.getMessage() for r in caplog.records)
     # what the server had queued drains once the client reads again, then the connection is closed
@@ -170,11 +162,11 @@ async def test_an_sse_reader_that_stalls_is_dropped_and_its_request_aborted(st: 
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    await wait_until(lambda: engine.stats().active_requests == 1, 10, "the stream started")
+    await until(lambda: engine.stats().active_requests == 1, 10, "the stream started")
     _, audio = await normal_response(st.base_url)
     assert audio > 0
     t0 = time.monotonic()
-    await wait_until(lambda: engine.stats().active_requests == 0, 30, "the stalled stream's request aborted")
+    await until(lambda: engine.stats().active_requests == 0, 30, "the stalled stream's request aborted")
     assert time.monotonic() - t0 < 30
     assert state.admission.in_flight == 0 and engine.replica_load() == [[0], [0], [0]]
     after = state.metrics.registry.get_sample_value("omnivoice_requests_total", {"status": "cancelled"})

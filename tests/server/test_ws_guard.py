@@ -22,10 +22,9 @@ from omnivoice.server import create_app
 from omnivoice.server.auth.keys import ApiKeys
 from omnivoice.server.ws_guard import PREAUTH_BYTES
 from tests.support.fake_engine import FakeEngine
+from tests.support.keys import KEY, bearer, serve_keyed, ws_url
 from tests.support.serve import serve
-
-from .auth.common import KEY, bearer, serve_keyed, ws_url
-from .telephony.carrier import call
+from tests.support.twilio_carrier import call
 
 TWILIO = "/v1/telephony/twilio"
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from starlette.applications import Starlette
@@ -232,4 +232,14 @@ def serve_fake(
     factory = FakeEngine.factory(script, engines=engines, start_gate=start_gate, fail_start=fail_start)
     app = create_app(profile, factory)
     with serve(app, wait_healthy=wait_healthy) as url:
+        yield FakeServer(url, app, engines)
+
+
+@contextmanager
+def serve_realtime(script: Script | None = None, **realtime: Any) -> Iterator[FakeServer]:
+    """As `serve_fake`, with `realtime` overriding keys of the profile's `realtime` section."""
+    profile = parse_profile({"realtime": realtime})
+    engines: list[FakeEngine] = []
+    app = create_app(profile, FakeEngine.factory(script, engines=engines))
+    with serve(app) as url:
         yield FakeServer(url, app, engines)

@@ -17,9 +17,8 @@ from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.auth.keys import key_id
 from tests.support.fake_engine import FakeEngine, FakeServer
-
-from ..webrtc.peers import connect as webrtc_connect
-from .common import KEY, OTHER_KEY, bearer, sdk, serve_keyed, ws_url
+from tests.support.keys import KEY, OTHER_KEY, bearer, sdk, serve_keyed, ws_url
+from tests.support.webrtc_client import connect as webrtc_connect
 
 CHAT = {"model": "omnivoice", "messages": [{"role": "user", "content": "hi"}]}
 

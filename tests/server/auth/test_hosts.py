@@ -13,8 +13,7 @@ import pytest
 import websockets
 
 from omnivoice.server.auth.origins import HostPolicy
-
-from .common import KEY, bearer, serve_keyed
+from tests.support.keys import KEY, bearer, serve_keyed
 
 CHAT = {"model": "omnivoice", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -4,9 +4,7 @@ the WebSocket, 429 for WebRTC; client secrets count against the key that minted 
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
 
 import httpx
 import openai
@@ -17,18 +15,9 @@ from omnivoice.config import RateLimitConfig
 from omnivoice.server.auth.failures import AuthFailures
 from omnivoice.server.auth.keys import key_id
 from omnivoice.server.auth.limits import KeyLimits, RateLimited
-
-from ..webrtc.peers import connect as webrtc_connect
-from .common import KEY, OTHER_KEY, bearer, sdk, serve_keyed, ws_url
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait for the server thread to get there (it releases a session after the client has left)."""
-    for _ in range(int(timeout / 0.02)):
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("timed out")
+from tests.support.keys import KEY, OTHER_KEY, bearer, sdk, serve_keyed, ws_url
+from tests.support.polling import until
+from tests.support.webrtc_client import connect as webrtc_connect
 
 
 def test_token_bucket() -> None:

@@ -10,8 +10,7 @@ import pytest
 import websockets
 
 from omnivoice.server.auth.origins import OriginPolicy, same_origin
-
-from .common import KEY, bearer, serve_keyed, ws_url
+from tests.support.keys import KEY, bearer, serve_keyed, ws_url
 
 APP = "https://app.example.com"
 EVIL = "https://evil.example.net"

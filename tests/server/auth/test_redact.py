@@ -17,9 +17,8 @@ from omnivoice.config import Profile
 from omnivoice.server.app import run_server
 from omnivoice.server.auth.keys import ApiKeys
 from omnivoice.server.auth.redact import RedactSecrets, redact_logs
-
-from ..telephony.carrier import call
-from .common import KEY, OTHER_KEY, bearer, serve_keyed, ws_url
+from tests.support.keys import KEY, OTHER_KEY, bearer, serve_keyed, ws_url
+from tests.support.twilio_carrier import call
 
 WRONG = "sk-wrong-but-still-a-secret-0042"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import threading
@@ -16,6 +15,7 @@ import pytest
 
 from omnivoice.audio import decode_wav
 from tests.support.fake_engine import SAMPLE_RATE, FakeServer, Script, serve_fake
+from tests.support.polling import until, wait_until
 
 USER: list[Any] = [{"role": "user", "content": "hi"}]
 SCRIPT = Script()
@@ -129,13 +129,6 @@ async def test_engine_error_finish_becomes_an_error_event() -> None:
         }
 
 
-async def wait_for(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_client_disconnect_mid_stream_aborts_the_request() -> None:
     with serve_fake(Script(texts=("x",) * 400, audio_chunks=0, delay=0.02)) as s:
         async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
@@ -144,9 +137,9 @@ async def test_client_disconnect_mid_stream_aborts_the_request() -> None:
                 lines = r.aiter_lines()
                 first = json.loads((await anext(lines)).removeprefix("data: "))
         rid = first["id"]
-        await wait_for(lambda: rid in s.engine.aborted)
+        await until(lambda: rid in s.engine.aborted, 5)
         assert s.engine.running == set()
-        await wait_for(lambda: s.count("cancelled") == 1)
+        await until(lambda: s.count("cancelled") == 1, 5)
         assert s.app.state.admission.in_flight == 0
         assert s.engine.aborted == [rid]
 
@@ -156,9 +149,9 @@ async def test_client_disconnect_during_non_streaming_request_aborts_it() -> Non
         async with httpx.AsyncClient(base_url=s.url, timeout=0.3) as c:
             with pytest.raises(httpx.ReadTimeout):
                 await c.post("/v1/chat/completions", json={"messages": USER})
-        await wait_for(lambda: len(s.engine.aborted) == 1)
+        await until(lambda: len(s.engine.aborted) == 1, 5)
         assert s.engine.aborted[0] == s.engine.requests[0].request_id
-        await wait_for(lambda: s.count("cancelled") == 1)
+        await until(lambda: s.count("cancelled") == 1, 5)
         assert s.app.state.admission.in_flight == 0
 
 
@@ -174,7 +167,7 @@ async def test_over_the_concurrency_limit_is_503_at_once() -> None:
                 assert time.perf_counter() - t0 < 0.5
                 assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
                 assert busy.json()["error"]["code"] == "server_overloaded"
-            await wait_for(lambda: s.app.state.admission.in_flight == 0)
+            await until(lambda: s.app.state.admission.in_flight == 0, 5)
             assert (await c.post("/v1/chat/completions", json={"messages": USER})).status_code == 200
         assert s.count("rejected") == 1
 
@@ -188,10 +181,7 @@ def test_health_while_starting_then_ready() -> None:
         assert r.status_code == 503 and r.json()["error"]["code"] == "service_unavailable"
         assert httpx.get(f"{s.url}/v1/models").status_code == 200  # known from the profile
         gate.set()
-        deadline = time.monotonic() + 5
-        while httpx.get(f"{s.url}/health").status_code != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: httpx.get(f"{s.url}/health").status_code == 200, 5, "the engine ready")
         assert httpx.get(f"{s.url}/health").json() == {"status": "ok"}
         assert s.count("unavailable") == 1
     assert s.engine.closed  # closed by the lifespan at shutdown
@@ -199,10 +189,8 @@ def test_health_while_starting_then_ready() -> None:
 
 def test_health_when_start_failed() -> None:
     with serve_fake(wait_healthy=None, fail_start=True) as s:
-        deadline = time.monotonic() + 5
-        while (h := httpx.get(f"{s.url}/health")).json()["status"] == "starting":
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda: httpx.get(f"{s.url}/health").json()["status"] != "starting", 5, "the start failed")
+        h = httpx.get(f"{s.url}/health")
         assert h.status_code == 503 and h.json() == {
             "status": "failed",
             "error": "RuntimeError: weights not found",

@@ -28,6 +28,7 @@ pytest.importorskip(
 from omnivoice.audio import decode_wav
 from omnivoice.config import Profile, parse_profile
 from omnivoice.server import create_app
+from tests.support.polling import until
 from tests.support.serve import ServerThread, serve_thread
 
 pytestmark = pytest.mark.slow
@@ -147,13 +148,12 @@ async def test_client_disconnect_mid_stream_aborts_in_the_engine(server: ServerT
     await stream.close()
     await client.close()
     engine = app_of(server).state.lifecycle.engine
-    deadline = time.monotonic() + 15
-    while True:
+
+    def idle() -> bool:
         stats = engine.stats()
-        if stats.active_requests == 0 and all(s.running == 0 and s.queued == 0 for s in stats.stages):
-            break
-        assert time.monotonic() < deadline, f"request still running after disconnect: {stats}"
-        await asyncio.sleep(0.1)
+        return stats.active_requests == 0 and all(s.running == 0 and s.queued == 0 for s in stats.stages)
+
+    await until(idle, 15, "the request aborted after the disconnect")
     assert app_of(server).state.admission.in_flight == 0
 
 

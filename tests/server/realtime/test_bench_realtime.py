@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from omnivoice.bench.realtime_cli import add_arguments, format_table, run
-from tests.support.fake_engine import Script
-
-from .fake import serve_realtime
+from tests.support.fake_engine import Script, serve_realtime
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")

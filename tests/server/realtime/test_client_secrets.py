@@ -12,9 +12,7 @@ import pytest
 import websockets
 
 from omnivoice.server.auth.client_secrets import ClientSecrets, presented_token
-from tests.support.fake_engine import FakeServer
-
-from .fake import serve_realtime
+from tests.support.fake_engine import FakeServer, serve_realtime
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ disconnects."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,21 +14,14 @@ import openai
 import pytest
 
 from omnivoice.types import AudioPart, TextPart
+from tests.support.polling import until
+from tests.support.realtime_client import Recorder, send_audio
 from tests.support.serve import ServerThread, serve_tiny
-
-from .rt import Recorder, pcm16, send_audio, speak
+from tests.support.speech import fixed, pcm16, speak
 
 pytestmark = pytest.mark.slow
 
 SAMPLES_PER_FRAME = 1920  # 80 ms of 24 kHz audio per codec frame
-
-
-def fixed(tokens: int, frames: int, **session: Any) -> dict[str, Any]:
-    """A session.update payload fixing the random model's output lengths."""
-    return {
-        "type": "realtime", "max_output_tokens": tokens,
-        "omnivoice": {"min_output_tokens": tokens, "output_audio_frames": frames}, **session,
-    }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +164,13 @@ async def test_barge_in_cancels_within_100ms_and_truncate_edits_history(
         assert cancelled.response.id == second.response.id
         assert cancelled.response.status_details.reason == "client_cancelled"
         await rec.close()
-    deadline = time.monotonic() + 10
-    while engine.stats().active_requests:
-        assert time.monotonic() < deadline, engine.stats()
-        await asyncio.sleep(0.05)
+    await until(lambda: not engine.stats().active_requests, 10, "the cancelled response aborted")
+
+
+def _idle(engine: Any, app: Any) -> bool:
+    stats = engine.stats()
+    idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
+    return idle and not stats.active_requests and not app.state.realtime.sessions
 
 
 async def test_disconnect_aborts_the_response_everywhere(
@@ -192,12 +187,5 @@ async def test_disconnect_aborts_the_response_everywhere(
         await rec.next("response.output_audio.delta", timeout=30)
         assert engine.stats().active_requests == 1
         await rec.close()
-    deadline = time.monotonic() + 10
-    while True:
-        stats = engine.stats()
-        idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
-        if idle and not stats.active_requests and not app.state.realtime.sessions:
-            break
-        assert time.monotonic() < deadline, (stats, app.state.realtime.sessions)
-        await asyncio.sleep(0.05)
+    await until(lambda: _idle(engine, app), 10, "the engine and the sessions left idle")
     assert app.state.admission.in_flight == 0

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from omnivoice.bench.realtime_cli import add_arguments, format_table, run
-from tests.support.fake_engine import Script
-
-from ..realtime.fake import serve_realtime
+from tests.support.fake_engine import Script, serve_realtime
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")

@@ -16,20 +16,14 @@ from typing import Any
 
 import pytest
 
+from tests.support.polling import until
 from tests.support.serve import ServerThread, serve_tiny
-
-from ..realtime.rt import speak
-from .carrier import FRAME, Carrier, call, ulaw
+from tests.support.speech import fixed_call, speak
+from tests.support.twilio_carrier import FRAME, Carrier, call, ulaw
 
 pytestmark = pytest.mark.slow
 
 BYTES_PER_CODEC_FRAME = 640  # 80 ms at 8 kHz
-
-
-def fixed(tokens: int, frames: int, **parameters: Any) -> dict[str, Any]:
-    """customParameters fixing the random model's output lengths."""
-    lengths = {"max_output_tokens": tokens, "min_output_tokens": tokens, "output_audio_frames": frames}
-    return {**lengths, **parameters}
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +46,10 @@ def the_session(server: ServerThread) -> Any:
     return session
 
 
-async def until(predicate: Any, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
+def _idle(engine: Any, app: Any) -> bool:
+    stats = engine.stats()
+    idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
+    return idle and not stats.active_requests and not app.state.realtime.sessions
 
 
 async def echo_marks(carrier: Carrier, count: int | None = None) -> None:
@@ -70,17 +63,17 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
 ) -> None:
     async with call(server.base_url) as carrier:
         await carrier.connected()
-        await carrier.start(**fixed(6, 12, voice="chelsie", instructions="Answer briefly."))
+        await carrier.start(**fixed_call(6, 12, voice="chelsie", instructions="Answer briefly."))
         await carrier.play(voice["one"])
         first = await carrier.next("media", timeout=60)
         session = the_session(server)
-        await until(lambda: session.last_response is not None)
+        await until(lambda: session.last_response is not None, 20)
         item = session.conversation.items[-1]
         generated = item.ledger.generated  # u-law samples (bytes)
-        await until(lambda: len(carrier.audio()) >= generated)
+        await until(lambda: len(carrier.audio()) >= generated, 20)
         await asyncio.sleep(0.1)  # the end mark follows the last frame
         await echo_marks(carrier)
-        await until(lambda: item.ledger.sent == generated)
+        await until(lambda: item.ledger.sent == generated, 20)
         media, marks = carrier.of("media"), carrier.of("mark")
         last = media[-1]
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
@@ -110,10 +103,10 @@ async def test_barge_in_clears_cancels_and_truncates_at_the_echoed_marks(
     engine = server.server.config.app.state.lifecycle.engine
     async with call(server.base_url) as carrier:
         await carrier.connected()
-        await carrier.start(**fixed(24, 150))  # 12 s of audio: still playing when the caller interrupts
+        await carrier.start(**fixed_call(24, 150))  # 12 s of audio: still playing when the caller interrupts
         await carrier.play(voice["one"])
         await carrier.next("media", timeout=60)
-        await until(lambda: len(carrier.of("mark")) >= 4)
+        await until(lambda: len(carrier.of("mark")) >= 4, 20)
         heard_mark = carrier.of("mark")[3]
         await echo_marks(carrier, 4)  # the caller heard up to the 4th mark, and no further
         heard = len(carrier.audio(before=heard_mark))
@@ -125,11 +118,11 @@ async def test_barge_in_clears_cancels_and_truncates_at_the_echoed_marks(
         assert clear == {"event": "clear", "streamSid": carrier.stream_sid}
         assert carrier.time_of(clear) - t_speech < 1.5
         await echo_marks(carrier)  # on clear, the carrier echoes the pending marks too: not played
-        await until(lambda: first.status != "in_progress")
+        await until(lambda: first.status != "in_progress", 20)
         sent_before_clear = len(carrier.audio(before=clear))
         await until(lambda: len(session.conversation.items) >= 4, timeout=30)  # the next turn answers
         await carrier.stop()
-        await until(lambda: not engine.stats().active_requests)
+        await until(lambda: not engine.stats().active_requests, 20)
     assert first.status == "cancelled" and first.status_details["reason"] == "turn_detected"
     item = first.item
     assert abs(item.ledger.sent - heard) < FRAME  # played = the deltas closed by the echoed marks
@@ -144,19 +137,19 @@ async def test_barge_in_after_the_answer_was_generated_truncates_what_was_not_he
 ) -> None:
     async with call(server.base_url) as carrier:
         await carrier.connected()
-        await carrier.start(**fixed(12, 24))  # ~1.9 s of audio: generated well before it has played
+        await carrier.start(**fixed_call(12, 24))  # ~1.9 s of audio: generated well before it has played
         await carrier.play(voice["one"])
         await carrier.next("media", timeout=60)
         session = the_session(server)
-        await until(lambda: session.last_response is not None and session.response is None)
-        await until(lambda: len(carrier.of("mark")) >= 2)
+        await until(lambda: session.last_response is not None and session.response is None, 20)
+        await until(lambda: len(carrier.of("mark")) >= 2, 20)
         await echo_marks(carrier, 2)
         heard = len(carrier.audio(before=carrier.of("mark")[1]))
         await carrier.play(voice["stop"], pace=1.0)
         await carrier.next("clear", timeout=5)
         await echo_marks(carrier)  # the dropped marks come back: not played
         answer = session.last_response
-        await until(lambda: session.response is not None or len(session.conversation.items) >= 3)
+        await until(lambda: session.response is not None or len(session.conversation.items) >= 3, 20)
         await carrier.stop()
     assert answer.status == "incomplete"  # it ran to its end; only its playout was cut
     ledger = answer.item.ledger
@@ -173,7 +166,7 @@ async def test_stop_or_disconnect_frees_the_session_in_every_stage(
     engine = app.state.lifecycle.engine
     async with call(server.base_url) as carrier:
         await carrier.connected()
-        await carrier.start(**fixed(24, 150))
+        await carrier.start(**fixed_call(24, 150))
         await carrier.play(voice["one"])
         await carrier.next("media", timeout=60)
         assert engine.stats().active_requests == 1
@@ -181,14 +174,7 @@ async def test_stop_or_disconnect_frees_the_session_in_every_stage(
             await carrier.stop()
             await asyncio.wait_for(carrier.closed.wait(), 5)  # the server hangs up
             assert carrier.ws.close_code == 1000
-    deadline = time.monotonic() + 10
-    while True:
-        stats = engine.stats()
-        idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
-        if idle and not stats.active_requests and not app.state.realtime.sessions:
-            break
-        assert time.monotonic() < deadline, (stats, app.state.realtime.sessions)
-        await asyncio.sleep(0.05)
+    await until(lambda: _idle(engine, app), 10, "the engine and the sessions left idle")
     assert app.state.admission.in_flight == 0
 
 
@@ -200,7 +186,7 @@ async def test_malformed_frames_are_logged_and_the_call_goes_on(
         sid = carrier.stream_sid
         await carrier.connected()
         await carrier.media(bytes(FRAME))  # media before start
-        await carrier.start(**fixed(4, 6))
+        await carrier.start(**fixed_call(4, 6))
         bad = [
             "{not json",
             '["media"]',
@@ -220,7 +206,7 @@ async def test_malformed_frames_are_logged_and_the_call_goes_on(
         await carrier.next("media", timeout=60)  # the call still answers
         session = the_session(server)
     sessions = server.server.config.app.state.realtime.sessions
-    await until(lambda: session.id not in sessions)  # the call ended with the socket
+    await until(lambda: session.id not in sessions, 20)  # the call ended with the socket
     malformed = [r.getMessage() for r in caplog.records if "malformed frame dropped" in r.getMessage()]
     assert len(malformed) == 10, malformed
     assert all(sid in m for m in malformed[1:]) and "before start" in malformed[0]

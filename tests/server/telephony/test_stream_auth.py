@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from omnivoice.server.auth.keys import key_id
-
-from ..auth.common import KEY, serve_keyed
-from .carrier import Carrier, call
+from tests.support.keys import KEY, serve_keyed
+from tests.support.polling import until
+from tests.support.twilio_carrier import Carrier, call
 
 
 def twiml(url: str, **kwargs: object) -> httpx.Response:
@@ -54,10 +54,7 @@ async def test_a_stream_with_the_twimls_token_is_served_once() -> None:
         async with call(s.url) as carrier:
             await carrier.connected()
             await carrier.start(voice="chelsie", omnivoice_token=token)
-            for _ in range(200):
-                if state.realtime.sessions:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: state.realtime.sessions, 4, "the call's session opened")
             (session,) = state.realtime.sessions.values()
             assert session.settings.voice == "chelsie"
             assert state.auth.limits.sessions == {key_id(KEY): 1}

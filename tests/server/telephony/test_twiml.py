@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from xml.etree import ElementTree as ET
 
 import httpx
@@ -13,9 +11,9 @@ import websockets
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from tests.support.fake_engine import FakeEngine
+from tests.support.polling import until
 from tests.support.serve import serve
-
-from .carrier import call
+from tests.support.twilio_carrier import call
 
 
 def stream_of(body: str) -> ET.Element:
@@ -64,7 +62,6 @@ async def test_a_call_over_the_session_limit_is_refused() -> None:
                 async with call(url) as second:
                     await second.ws.recv()
             assert exc.value.rcvd is not None and exc.value.rcvd.code == 1013
-        deadline = time.monotonic() + 5  # the server ends the call once it sees the close
-        while app.state.realtime.sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        # the server ends the call once it sees the close
+        await until(lambda: not app.state.realtime.sessions, 5, "the first call ended")
         assert app.state.realtime.sessions == {}

@@ -6,7 +6,6 @@ server-owned playout events, barge-in clearing the queued audio, hang-up and the
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from tests.support.serve import ServerThread
-
-from .common import fixed, serve_tiny, speak
-from .peers import ClientCall, connect
+from tests.support.polling import until
+from tests.support.serve import ServerThread, serve_tiny
+from tests.support.speech import fixed, speak
+from tests.support.webrtc_client import RATE, ClientCall, connect
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +35,8 @@ def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
 def voice(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[np.ndarray, int]]:
     folder = tmp_path_factory.mktemp("speech")
     return {
-        "one": speak("Hello there. Could you tell me a short story about the sea?", folder),
-        "stop": speak("Wait, stop, stop please.", folder),
+        "one": (speak("Hello there. Could you tell me a short story about the sea?", folder, RATE), RATE),
+        "stop": (speak("Wait, stop, stop please.", folder, RATE), RATE),
     }
 
 
@@ -54,17 +53,12 @@ async def secret(server: ServerThread, session: dict[str, Any]) -> str:
     return r.json()["value"]
 
 
-async def wait_released(server: ServerThread, timeout: float = 10.0) -> None:
-    """Until no call, session, session slot, admitted request or engine request is left."""
+def released(server: ServerThread) -> bool:
+    """No call, session, session slot, admitted request or engine request is left."""
     state = server.server.config.app.state
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = state.lifecycle.engine.stats()
-        left = (state.webrtc.calls, state.realtime.sessions, state.realtime._reserved, stats.active_requests)
-        if not any(left) and state.admission.in_flight == 0:
-            return
-        assert time.monotonic() < deadline, left
-        await asyncio.sleep(0.05)
+    stats = state.lifecycle.engine.stats()
+    left = (state.webrtc.calls, state.realtime.sessions, state.realtime._reserved, stats.active_requests)
+    return not any(left) and state.admission.in_flight == 0
 
 
 async def test_spoken_turn_round_trip(server: ServerThread, voice: dict[str, Any]) -> None:
@@ -99,7 +93,7 @@ async def test_spoken_turn_round_trip(server: ServerThread, voice: dict[str, Any
     first = next(t for t, rms in call.frames if t > t_stop and rms > 1e-3)
     assert first - t_stop < 5.0
     assert call.time_of(drained) - call.time_of(playing) > 0.6  # paced in real time, not in a burst
-    await wait_released(server)
+    await until(lambda: released(server), 10, "the call released")
 
 
 async def test_barge_in_clears_queued_audio(server: ServerThread, voice: dict[str, Any]) -> None:
@@ -145,7 +139,7 @@ async def test_barge_in_clears_queued_audio(server: ServerThread, voice: dict[st
     assert abs(heard - ledger.sent_ms) < 500, (heard, ledger.sent_ms)
     assert cancelled["response"]["id"] == cleared2["response_id"] == second["response"]["id"]
     assert cancelled["response"]["status_details"]["reason"] == "client_cancelled"
-    await wait_released(server)
+    await until(lambda: released(server), 10, "the call released")
 
 
 async def test_hang_up_releases_the_call(server: ServerThread, voice: dict[str, Any]) -> None:
@@ -158,7 +152,8 @@ async def test_hang_up_releases_the_call(server: ServerThread, voice: dict[str, 
         url = f"{server.base_url}/v1/realtime/calls/{call.call_id}/hangup"
         async with httpx.AsyncClient() as http:
             assert (await http.post(url)).status_code == 200
-            await wait_released(server)  # the response was aborted in every stage
+            # the response was aborted in every stage
+            await until(lambda: released(server), 10, "the call released")
             again = await http.post(url)
     finally:
         await call.close()
@@ -181,7 +176,7 @@ async def test_a_call_that_never_connects_times_out(server: ServerThread) -> Non
             )
         assert r.status_code == 201  # the answer is never applied: ICE cannot complete
         assert calls.calls
-        await wait_released(server, timeout=10)
+        await until(lambda: released(server), 10, "the call released")
     finally:
         calls.connect_timeout_s = 15.0
         await pc.close()

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.support.serve import ServerThread
-
-from ..auth.common import KEY, serve_keyed
-from .common import fixed, serve_tiny, speech_wav
+from tests.support.keys import KEY, serve_keyed
+from tests.support.polling import wait_until
+from tests.support.serve import ServerThread, serve_tiny
+from tests.support.speech import fixed, speech_wav
 
 pytestmark = pytest.mark.slow
 
@@ -103,7 +102,7 @@ def test_page_voice_turns_and_barge_in(
         replies = page.locator("#transcript li.assistant").all_text_contents()
         page.click("#talk")  # hang up
         page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
-        wait_released(server)
+        wait_until(lambda: released(server), 10, "the call released")
     finally:
         browser.close()
     assert not errors and not state["errors"], (errors, state["errors"])
@@ -123,12 +122,9 @@ def test_page_voice_turns_and_barge_in(
     assert len(replies) == 2 and all(r.strip() for r in replies)  # the transcript shows both replies
 
 
-def wait_released(server: ServerThread, timeout: float = 10.0) -> None:
+def released(server: ServerThread) -> bool:
     state = server.server.config.app.state
-    deadline = time.monotonic() + timeout
-    while state.webrtc.calls or state.realtime.sessions:
-        assert time.monotonic() < deadline, (state.webrtc.calls, state.realtime.sessions)
-        time.sleep(0.05)
+    return not state.webrtc.calls and not state.realtime.sessions
 
 
 @pytest.mark.parametrize("mode", ["websocket", "webrtc"])

@@ -3,7 +3,6 @@ aiortc-style JSON offer, the session limit, and calls closed at shutdown."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 
@@ -11,10 +10,9 @@ import httpx
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from tests.support.fake_engine import FakeServer
-
-from ..realtime.fake import serve_realtime
-from .peers import connect
+from tests.support.fake_engine import FakeServer, serve_realtime
+from tests.support.polling import until
+from tests.support.webrtc_client import connect
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +35,9 @@ def post(srv: FakeServer, body: str | bytes, ctype: str = "application/sdp") -> 
     return httpx.post(f"{srv.url}/v1/realtime/calls", content=body, headers={"Content-Type": ctype})
 
 
-async def released(srv: FakeServer, timeout: float = 10.0) -> None:
+def released(srv: FakeServer) -> bool:
     state = srv.app.state
-    for _ in range(int(timeout / 0.05)):
-        if not state.webrtc.calls and not state.realtime.sessions and not state.realtime._reserved:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError((state.webrtc.calls, state.realtime.sessions))
+    return not state.webrtc.calls and not state.realtime.sessions and not state.realtime._reserved
 
 
 @pytest.mark.parametrize(
@@ -65,7 +59,7 @@ def test_bad_offers_get_400(srv: FakeServer, body: str | bytes, ctype: str, code
 async def test_a_malformed_audio_offer_is_refused_and_releases_its_slot(srv: FakeServer) -> None:
     r = post(srv, "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n")
     assert r.status_code == 400 and r.json()["error"]["param"] == "sdp"
-    await released(srv)
+    await until(lambda: released(srv), 10, "the call released")
 
 
 async def test_json_offer_session_limit_and_hang_up(srv: FakeServer, offer: str) -> None:
@@ -78,7 +72,7 @@ async def test_json_offer_session_limit_and_hang_up(srv: FakeServer, offer: str)
     assert busy.status_code == 503 and busy.json()["error"]["code"] == "session_limit_reached"
     assert busy.headers["retry-after"] == "1"
     assert httpx.post(f"{srv.url}{location}/hangup").status_code == 200
-    await released(srv)
+    await until(lambda: released(srv), 10, "the call released")
     assert httpx.post(f"{srv.url}/v1/realtime/calls/rtc_nope/hangup").status_code == 404
 
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.support.fake_engine import FakeServer, Script
-
-from .fake import client, serve_realtime
-from .rt import Recorder, pcm16
+from tests.support.fake_engine import FakeServer, Script, serve_realtime
+from tests.support.realtime_client import Recorder, client
+from tests.support.speech import pcm16
 
 PTT = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 TONE = np.sin(2 * np.pi * 220 * np.arange(12000) / 24000).astype(np.float32) * 0.3  # 0.5 s

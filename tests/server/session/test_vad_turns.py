@@ -17,8 +17,7 @@ from omnivoice.server.session.input_audio import (
     TurnDetector,
 )
 from omnivoice.server.session.session_config import TurnDetection
-
-from .rt import speak
+from tests.support.speech import speak
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.fake_engine import FakeServer, Script
-
-from ..webrtc.peers import connect
-from .fake import client, serve_realtime
-from .rt import Recorder
+from tests.support.fake_engine import FakeServer, Script, serve_realtime
+from tests.support.realtime_client import Recorder, client
+from tests.support.webrtc_client import connect
 
 # 6 s of audio made in a blink, then a failure: paced at 1 s ahead of playback, nearly all of that
 # audio is still waiting to be sent when the failure arrives

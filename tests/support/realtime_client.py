@@ -1,41 +1,22 @@
-"""Helpers for realtime tests: espeak-ng speech, and an event recorder over the `openai` SDK's connection."""
+"""The client's side of a realtime session over the `openai` SDK: the SDK pointed at a server, every
+server event recorded with its arrival time, audio appended in paced pieces."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
-import shutil
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pytest
-import soxr
+import openai
 
-from omnivoice.audio import decode_wav
-
-RATE = 24000
+from .speech import RATE
 
 
-def speak(text: str, folder: Path) -> np.ndarray:
-    """`text` spoken by espeak-ng, as float32 at 24 kHz."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    path = folder / f"{abs(hash(text))}.wav"
-    if not path.exists():
-        subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
-    pcm, rate = decode_wav(path.read_bytes())
-    return soxr.resample(pcm, rate, RATE).astype(np.float32)
-
-
-def pcm16(*parts: np.ndarray | float) -> bytes:
-    """Concatenate audio (arrays) and silences (floats, seconds) as 24 kHz pcm16 bytes."""
-    chunks = [np.zeros(int(p * RATE), np.float32) if isinstance(p, float | int) else p for p in parts]
-    x = np.concatenate(chunks)
-    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+def client(url: str) -> openai.AsyncOpenAI:
+    """The `openai` SDK against the server at `url` (no key needed, no retries)."""
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 class Recorder:

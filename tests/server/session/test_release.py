@@ -10,10 +10,10 @@ cyclic collector off and expect the session object gone once its connection has 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
-import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -22,11 +22,10 @@ import httpx
 import pytest
 import websockets
 
-from tests.support.fake_engine import FakeServer, Script
-
-from ..telephony.carrier import call
-from ..webrtc.peers import connect
-from .fake import serve_realtime
+from tests.support.fake_engine import FakeServer, Script, serve_realtime
+from tests.support.polling import until
+from tests.support.twilio_carrier import call
+from tests.support.webrtc_client import connect
 
 USER_TEXT = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}
 
@@ -58,9 +57,8 @@ async def _next(ws: Any, kind: str) -> dict[str, Any]:
 
 
 async def _released(srv: FakeServer, *refs: weakref.ref[Any]) -> bool:
-    deadline = time.monotonic() + 10
-    while any(r() is not None for r in refs) and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    with contextlib.suppress(AssertionError):  # the caller says what is still held
+        await until(lambda: all(r() is None for r in refs), 10, "the session freed")
     return all(r() is None for r in refs) and not srv.app.state.realtime.sessions
 
 
@@ -97,9 +95,7 @@ async def test_a_phone_call_is_freed_without_the_cyclic_gc(
     async with call(srv.url) as carrier:
         await carrier.connected()
         await carrier.start()
-        deadline = time.monotonic() + 10
-        while not srv.app.state.realtime.sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await until(lambda: srv.app.state.realtime.sessions, 10, "the call's session opened")
         (session,) = srv.app.state.realtime.sessions.values()
         refs = weakref.ref(session), weakref.ref(session.outbox)
         del session

@@ -99,6 +99,7 @@ class ClientCall:
                 frame = await track.recv()
             except MediaStreamError:
                 return
+            assert isinstance(frame, AudioFrame)  # the track is audio
             pcm = frame_to_mono(frame)
             self.frames.append((time.monotonic(), float(np.sqrt(np.mean(pcm**2)))))
 

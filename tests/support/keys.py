@@ -1,5 +1,5 @@
-"""A real server (fake engine) with API keys, for the auth tests, listening as `omnivoice serve` does
-(omnivoice.server.listener)."""
+"""A real server (fake engine) with API keys, listening as `omnivoice serve` does
+(omnivoice.server.listener), and how clients present a key."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.auth.keys import ApiKeys
 from omnivoice.server.listener import server_config
-from tests.support.fake_engine import FakeEngine, FakeServer
-from tests.support.serve import serve
+
+from .fake_engine import FakeEngine, FakeServer
+from .serve import serve
 
 KEY = "sk-omnivoice-test-7f3a9c1e5b2d4a6f8e0c"
 OTHER_KEY = "sk-omnivoice-other-1b2c3d4e5f60718293"
