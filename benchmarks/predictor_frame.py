@@ -13,18 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from omnivoice.bench.kernel_check import GEMMS, build, compare, inputs
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.predictor_kernels import LayerKernels, Tiles
 from omnivoice.runners.residual_sampling import residual_code
-from tests.engine.predictor_kernels_check import GEMMS, build, compare, inputs
 
 
 def replay_ms(predictor: CodePredictor, batch: int, hidden: int, replays: int) -> float:

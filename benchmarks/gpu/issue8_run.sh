@@ -13,14 +13,14 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p $OUT/r
-python3 -c "from tests.engine.test_slot_sampling import *; test_sampling_replays_from_a_cuda_graph_as_it_runs_eagerly(); print('sampling graph ok')" || exit 1
+python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/runners/test_slot_sampling.py -k cuda_graph || exit 1
 if [ -n "${PARTS:-}" ]; then  # one full-size layer's prefill parts: ~1 minute
 python3 benchmarks/prefill_parts.py --rows 1 32 --tokens 140 --out $OUT/r/prefill-parts.json > $OUT/r/parts.log 2>&1
 tail -3 $OUT/r/parts.log
 fi
 if [ -n "${KERN:-}" ]; then  # ~1-2 minutes
 if [ -z "${KERN_NO_TESTS:-}" ]; then
-python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/engine/test_predictor_kernels.py tests/engine/test_residual_code_kernel.py > $OUT/r/kern-tests.log 2>&1
+python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/runners/test_predictor_kernels.py tests/runners/test_residual_code_kernel.py > $OUT/r/kern-tests.log 2>&1
 tail -3 $OUT/r/kern-tests.log
 fi
 python3 benchmarks/predictor_frame.py --batch 1 8 32 --tiles ${TILES:-32x128x4x4} ${GEMMS:+--gemms} ${TORCH_SAMPLING:+--torch-sampling} --profile-out $OUT/r/kern-prof --out $OUT/r/predictor-frame.json > $OUT/r/kern.log 2>&1

@@ -6,7 +6,7 @@ input samples it overlaps, the last `kernel - stride` outputs being trimmed. A d
 yields n * upsample - lost samples (lost: 555 for the real vocoder), and appending frames on the
 right changes none of them. So a window can be right-padded with zero codes to a longer length L
 and its own samples are the first n * upsample - lost ones, i.e. all but the last (L - n) * upsample
-of the padded output. (Checked on the tiny checkpoint in tests/engine/test_code2wav_step.py.)
+of the padded output. (Checked on the tiny checkpoint in tests/runners/test_code2wav_step.py.)
 
 On a GPU windows are padded to the few window lengths the chunking produces (`window_lengths`) and
 rows to a batch bucket (padding rows are zero codes, dropped), so a step has one of a small set of

@@ -1,7 +1,7 @@
 """Token sampling whose per-request state lives on the device, one row per KV slot.
 
 Sampling that rebuilds each step's repetition-penalty and min-tokens masks from Python lists (the
-host reference in tests/engine/host_sampling.py) cannot queue a decode step before the previous step's
+host reference in tests/support/host_sampling.py) cannot queue a decode step before the previous step's
 tokens are back on the host. `SlotSampler` keeps that state as device tensors indexed by KV slot (the ids a
 request has seen, how many tokens it has sampled, its parameters), so a whole step, sampling included,
 is a fixed-shape function of device tensors: it can be captured in a CUDA graph, and the next step can

@@ -11,89 +11,22 @@ import numpy as np
 import pytest
 import torch
 
-from omnivoice.config import Profile, parse_profile
+from omnivoice.config import parse_profile
 from omnivoice.engine.engine import RESTARTING, STOPPED, Engine
 from omnivoice.models.loader import load_model
-from omnivoice.models.reference import reference_generate
-from omnivoice.types import (
-    TALKER_PROMPT_EXTRA,
-    AudioChunk,
-    AudioPart,
-    ChatMessage,
-    Finished,
-    GenerationRequest,
-    Sampling,
-    TextDelta,
-    TextPart,
+from omnivoice.types import TALKER_PROMPT_EXTRA, AudioChunk, ChatMessage, Finished, TextPart
+from tests.support.engine import (
+    TALKER_TOKENS,
+    THINKER_TOKENS,
+    audio_of,
+    collect,
+    profile_for,
+    request,
+    tokens_of,
+    wait_idle,
 )
-
-THINKER_TOKENS = 24
-TALKER_TOKENS = 70  # 69 frames: several 25-frame chunks after the first 4-frame one
-
-
-def profile_for(checkpoint: Path, worker: str = "thread", left_context: int = 25) -> Profile:
-    stage = {"worker": worker, "max_seq_len": 512, "max_batch": 4}
-    return parse_profile(
-        {
-            "model": {"path": str(checkpoint)},
-            "stages": {
-                "thinker": stage,
-                "talker": stage,
-                "code2wav": {
-                    **stage,
-                    "chunk": {"first_frames": 4, "frames": 25, "left_context": left_context},
-                },
-            },
-        }
-    )
-
-
-def messages(i: int) -> list[ChatMessage]:
-    texts = ["hello there, how are you?", "tell me a long story about the sea and the wind", "hi"]
-    parts: tuple = (TextPart(texts[i % 3]),)
-    if i == 1:  # one request speaks: 1.5 s of a chirp at 16 kHz
-        t = np.arange(24000) / 16000
-        parts = (AudioPart((0.3 * np.sin(2 * np.pi * (200 + 300 * t) * t)).astype(np.float32), 16000), *parts)
-    return [ChatMessage("system", (TextPart("be brief"),)), ChatMessage("user", parts)]
-
-
-def request(engine: Engine, i: int, want_audio: bool = True, **kw) -> GenerationRequest:
-    thinker = kw.pop("thinker_tokens", THINKER_TOKENS)
-    talker = kw.pop("talker_tokens", TALKER_TOKENS)
-    return GenerationRequest(
-        f"req-{i}-{os.urandom(3).hex()}",
-        engine.build_prompt(messages(i)),
-        want_audio=want_audio,
-        voice="ethan",
-        thinker=Sampling(max_tokens=thinker, min_tokens=thinker),
-        talker=Sampling(max_tokens=talker, min_tokens=talker, repetition_penalty=1.05),
-    )
-
-
-async def collect(engine: Engine, req: GenerationRequest) -> tuple[list, Finished]:
-    outs = [o async for o in engine.generate(req)]
-    assert isinstance(outs[-1], Finished)
-    return outs[:-1], outs[-1]
-
-
-def audio_of(outs: list) -> np.ndarray:
-    chunks = [o.pcm for o in outs if isinstance(o, AudioChunk)]
-    return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
-
-
-def tokens_of(outs: list) -> list[int]:
-    return [t for o in outs if isinstance(o, TextDelta) for t in o.token_ids]
-
-
-async def wait_idle(engine: Engine, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        st = engine.stats()
-        if st.active_requests == 0 and all(s.running == 0 and s.queued == 0 for s in st.stages):
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"engine not idle: {st}")
-        await asyncio.sleep(0.05)
+from tests.support.polling import until
+from tests.support.reference import reference_generate
 
 
 @pytest.fixture(scope="module")
@@ -203,8 +136,7 @@ async def test_abort_by_id_finishes_the_stream(engine: Engine) -> None:
             outs.append(out)
 
     task = asyncio.create_task(consume())
-    while not any(isinstance(o, AudioChunk) for o in outs):
-        await asyncio.sleep(0.01)
+    await until(lambda: any(isinstance(o, AudioChunk) for o in outs), what="the first audio")
     await engine.abort(req.request_id)
     await asyncio.wait_for(task, 5)
     assert isinstance(outs[-1], Finished) and outs[-1].finish_reason == "abort"
@@ -250,8 +182,7 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart_
                 outs.append(out)
 
         task = asyncio.create_task(consume())
-        while not any(isinstance(o, AudioChunk) for o in outs):
-            await asyncio.sleep(0.01)
+        await until(lambda: any(isinstance(o, AudioChunk) for o in outs), what="the first audio")
         talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
         os.kill(talker.pid, signal.SIGKILL)
         await asyncio.wait_for(task, 10)
@@ -261,10 +192,7 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart_
         with pytest.raises(RuntimeError, match="restarting"):
             await collect(eng, request(eng, 2))
         # the supervisor brings fresh stages up and the next requests succeed
-        deadline = asyncio.get_running_loop().time() + 90
-        while eng.failure is not None:
-            assert asyncio.get_running_loop().time() < deadline, eng.failure
-            await asyncio.sleep(0.2)
+        await until(lambda: eng.failure is None, 90, what="the stages restarted")
         outs, fin = await collect(eng, request(eng, 2, thinker_tokens=4, talker_tokens=10))
         assert fin.finish_reason == "length" and len(tokens_of(outs)) == 4
         # once the server shuts down (its drain holds restarts), a dead worker is not brought back
@@ -272,9 +200,7 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart_
         pipeline = eng._pipeline
         thinker = next(p for p in pipeline.processes if "-thinker-" in p.name)
         os.kill(thinker.pid, signal.SIGKILL)
-        while eng.failure is None:
-            assert asyncio.get_running_loop().time() < deadline + 30
-            await asyncio.sleep(0.05)
+        await until(lambda: eng.failure is not None, 30, what="the dead thinker noticed")
         assert eng.failure == STOPPED and not eng.restarting and eng._pipeline is pipeline
     finally:
         await eng.close()

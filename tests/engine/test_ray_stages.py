@@ -4,9 +4,9 @@ nothing left on the cluster after close."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from omnivoice.config import ProfileError, parse_profile
-from omnivoice.engine.engine import Engine
-from tests.engine.test_engine import audio_of, collect, request, tokens_of, wait_idle
+from omnivoice.engine.engine import RESTARTING, Engine
+from tests.support.engine import audio_of, collect, request, tokens_of, wait_idle
+from tests.support.polling import until, wait_until
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'omnivoice[ray]'")
 
@@ -101,7 +102,7 @@ def ray_cluster():
 
 
 async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
-    tiny_checkpoint: Path, ray_cluster
+    tiny_checkpoint: Path, ray_cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     single = await Engine.start(parse_profile(_cpu_ray(tiny_checkpoint, "thread", replicas=1)))
     try:
@@ -122,15 +123,12 @@ async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
         # on the same Ray connection
         (victim,) = [a for a in actors if a["name"].endswith("-talker-1")]
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
-        deadline = time.monotonic() + 10
-        while not eng.failure:
-            assert time.monotonic() < deadline, "the dead actor was not noticed"
-            await asyncio.sleep(0.1)
-        assert victim["name"] in eng.failure and "ActorDiedError" in eng.failure, eng.failure
-        deadline = time.monotonic() + 120
-        while eng.failure or eng.restarting:
-            assert time.monotonic() < deadline, eng.failure
-            await asyncio.sleep(0.2)
+        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.engine"):
+            await until(lambda: eng.failure, 10, what="the dead actor noticed")
+        # clients are told the engine is restarting; which actor died, and how, goes to the log
+        assert eng.failure == RESTARTING
+        assert f"{victim['name']} (ActorDiedError)" in caplog.text, caplog.text
+        await until(lambda: not (eng.failure or eng.restarting), 120, what="the stages restarted")
         again, fin = await collect(eng, reqs[1])
         assert fin.finish_reason == "length" and tokens_of(again) == tokens_of(expected[1][0])
         assert victim["name"] not in {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
@@ -142,10 +140,7 @@ async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
         assert tokens_of(g_outs) == tokens_of(e_outs)
         np.testing.assert_allclose(audio_of(g_outs), audio_of(e_outs), rtol=0, atol=1e-5)
     # no stage actor or queue is left, and every CPU the actors held is free again (kills are async)
-    deadline = time.monotonic() + 10
-    while not _cluster_is_empty():
-        assert time.monotonic() < deadline, (ray.util.list_named_actors(True), ray.available_resources())
-        time.sleep(0.1)
+    wait_until(_cluster_is_empty, 10, what="every stage actor gone and its CPUs free")
 
 
 def _cluster_is_empty() -> bool:

@@ -14,7 +14,8 @@ from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
 from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.types import GenerationRequest, Prompt
-from tests.engine.test_engine import audio_of, collect, profile_for, request, tokens_of, wait_idle
+from tests.support.engine import audio_of, collect, profile_for, request, tokens_of, wait_idle
+from tests.support.polling import until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,13 +87,8 @@ async def test_cpu_replicas_profile_runs_replicas_and_replaces_a_killed_one(tiny
         # a killed replica is replaced (with the rest of the stages) and requests succeed again
         victim = next(p for p in eng._pipeline.processes if p.name.endswith("-talker-1"))
         os.kill(victim.pid, signal.SIGKILL)
-        deadline = asyncio.get_running_loop().time() + 120
-        while eng.failure is None:  # noticed within about a second
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.1)
-        while eng.failure is not None:
-            assert asyncio.get_running_loop().time() < deadline, eng.failure
-            await asyncio.sleep(0.2)
+        await until(lambda: eng.failure is not None, 120, what="the killed replica noticed")
+        await until(lambda: eng.failure is None, 120, what="the stages restarted")
         talkers = [p for p in eng._pipeline.processes if "-talker-" in p.name]
         assert len(talkers) == 2 and all(p.is_alive() for p in talkers)
         results = await asyncio.gather(*(collect(eng, request(eng, i, talker_tokens=20)) for i in range(2)))

@@ -15,6 +15,7 @@ from omnivoice.engine.connectors import LocalConnector
 from omnivoice.engine.stage import StageWorker
 from omnivoice.messages import Abort, NewRequest, Shutdown, StageFinished, ThinkerChunk
 from omnivoice.types import GenerationRequest, Prompt, StageStats
+from tests.support.polling import wait_until
 
 
 class HoldingRunner:
@@ -126,9 +127,7 @@ def test_a_step_far_slower_than_usual_is_logged(
     with caplog.at_level("INFO", logger="omnivoice.engine.stage"):
         thread.start()
         try:
-            deadline = time.monotonic() + 5
-            while runner.done < runner.steps and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda: runner.done >= runner.steps, 5, what="every step of the runner")
         finally:
             inbox.put(Shutdown())
             thread.join(5)

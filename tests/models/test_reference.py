@@ -1,3 +1,6 @@
+"""The reference the engine's parity tests hold it to (tests/support/reference.py): transformers' own
+greedy generate() on the tiny checkpoint, its codec frames captured as generate() decodes them."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +11,8 @@ import torch
 
 from omnivoice.models.loader import load_model, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
-from omnivoice.models.reference import reference_generate
 from omnivoice.types import AudioPart, ChatMessage, TextPart
+from tests.support.reference import reference_generate
 
 
 @pytest.fixture(scope="module")

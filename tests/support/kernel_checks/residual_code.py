@@ -1,10 +1,10 @@
 """The fused residual-code kernel against `residual_sampling.sample_residual` and `residual_code`.
 
-Run by tests/engine/test_residual_code_kernel.py: in a subprocess under Triton's interpreter on the
+Run by tests/runners/test_residual_code_kernel.py: in a subprocess under Triton's interpreter on the
 CPU (the interpreter is chosen when Triton compiles the kernel), whose last stdout line is a dict of
 each scenario's figures; the CUDA tests call `agreement` in-process. Also `python -m` runnable:
 
-    TRITON_INTERPRET=1 python -m tests.engine.residual_code_check
+    TRITON_INTERPRET=1 python -m tests.support.kernel_checks.residual_code
 """
 
 from __future__ import annotations

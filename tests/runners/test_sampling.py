@@ -6,8 +6,7 @@ from transformers.generation.logits_process import (
 )
 
 from omnivoice.types import Sampling
-
-from .host_sampling import RequestSampler, process_rows, sample_rows
+from tests.support.host_sampling import RequestSampler, process_rows, sample_rows
 
 
 def test_processing_matches_transformers_processors() -> None:

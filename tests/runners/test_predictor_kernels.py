@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.interpreted import interpreted
+from tests.support.kernel_checks.interpreted import interpreted
 
 pytest.importorskip("triton")
 
@@ -36,7 +36,7 @@ def _check_gemms(result: dict[str, object], split: bool) -> None:
 
 
 def _interpret(*args: str) -> dict[str, object]:
-    return interpreted("predictor_kernels_check", *args)
+    return interpreted("omnivoice.bench.kernel_check", *args)
 
 
 def test_kernels_match_the_torch_layers_under_the_interpreter() -> None:
@@ -49,8 +49,8 @@ def test_gemms_split_over_k_match_torch_under_the_interpreter(swap: bool) -> Non
 
 
 def test_unsupported_layers_are_refused_when_kernels_are_required() -> None:
+    from omnivoice.bench.kernel_check import build
     from omnivoice.runners.code_predictor import CodePredictor
-    from tests.engine.predictor_kernels_check import build
 
     module = build(small=True, device="cpu").float()  # float32: the kernels take bf16 and fp16 only
     with pytest.raises(ValueError, match="float32"):
@@ -63,9 +63,9 @@ def test_kernels_that_fail_at_start_leave_the_torch_layers_or_raise_when_require
 ) -> None:
     """A GPU or Triton that cannot compile the kernels is found by a trial at start: the default
     falls back to the torch layers with a warning; kernels required raise."""
+    from omnivoice.bench.kernel_check import build
     from omnivoice.runners import predictor_kernels
     from omnivoice.runners.code_predictor import CodePredictor
-    from tests.engine.predictor_kernels_check import build
 
     def broken(*args: object) -> None:
         raise RuntimeError("no kernel image for this GPU")
@@ -83,7 +83,7 @@ def test_kernels_that_fail_at_start_leave_the_torch_layers_or_raise_when_require
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_kernels_match_the_torch_layers_at_full_size_on_cuda() -> None:
-    from tests.engine.predictor_kernels_check import compare
+    from omnivoice.bench.kernel_check import compare
 
     _check(compare(small=False, device="cuda", batch=32), 0.03)
 
@@ -91,8 +91,8 @@ def test_kernels_match_the_torch_layers_at_full_size_on_cuda() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("swap", [False, True], ids=["products", "transposed-products"])
 def test_full_size_gemms_match_torch_on_cuda(swap: bool) -> None:
+    from omnivoice.bench.kernel_check import gemms
     from omnivoice.runners.predictor_kernels import Tiles
-    from tests.engine.predictor_kernels_check import gemms
 
     # the default tiling is transposed; the plain products at step 6's tiling
     tiles = Tiles() if swap else Tiles(block_n=32, block_k=128, swap=False)
@@ -104,8 +104,8 @@ def test_full_size_gemms_match_torch_on_cuda(swap: bool) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_kernel_frames_replay_from_cuda_graphs_as_they_run_eagerly() -> None:
+    from omnivoice.bench.kernel_check import build, inputs
     from omnivoice.runners.code_predictor import CodePredictor
-    from tests.engine.predictor_kernels_check import build, inputs
 
     module = build(small=False, device="cuda")
     device = torch.device("cuda")

@@ -1,9 +1,10 @@
 """The code predictor with its layers as Triton kernels against the same predictor's torch layers.
 
-Run by tests/engine/test_predictor_kernels.py: in a subprocess under Triton's interpreter on the CPU
-(small shapes), and in-process on CUDA at the full Qwen3-Omni size. Also `python -m` runnable:
+Run by tests/runners/test_predictor_kernels.py: in a subprocess under Triton's interpreter on the CPU
+(small shapes), and in-process on CUDA at the full Qwen3-Omni size; benchmarks/predictor_frame.py
+checks the kernels it times with it. Also `python -m` runnable:
 
-    TRITON_INTERPRET=1 python -m tests.engine.predictor_kernels_check
+    TRITON_INTERPRET=1 python -m omnivoice.bench.kernel_check
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+from typing import Any
 
 import torch
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -28,14 +30,14 @@ SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "nu
 
 
 def build(small: bool, device: str, seed: int = 0) -> PredictorModule:
-    full = dummy_config(DummySource("qwen3-omni-30b-a3b"))
+    full: Any = dummy_config(DummySource("qwen3-omni-30b-a3b"))  # transformers types its sub-configs loosely
     config = copy.deepcopy(full.talker_config.code_predictor_config)
     if small:
         for key, value in SMALL.items():
             setattr(config, key, value)
     torch.manual_seed(seed)
     with torch.device(device):
-        module = PredictorModule(config).to(torch.bfloat16)
+        module = PredictorModule(config).to(torch.bfloat16)  # type: ignore[arg-type]
     return module.eval().requires_grad_(False)
 
 
@@ -59,6 +61,7 @@ def teacher_forced(kernels: CodePredictor, torch_layers: CodePredictor, x: dict[
     slots = torch.arange(b, device=device)
     start = torch.zeros(b, dtype=torch.long, device=device)
     run = kernels.kernels
+    assert run is not None, "the predictor was built without kernels"
     stack, cache = torch_layers.stack, torch_layers.cache
     first = torch.stack([x["talker_hidden"], x["code0_embed"]], dim=1)
     want = stack.forward_indexed(first, cache, slots, start, cache.max_len)[0][:, -1]

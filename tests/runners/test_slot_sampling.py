@@ -8,8 +8,7 @@ import torch
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.types import Sampling
-
-from .host_sampling import RequestSampler, process_rows, sample_rows
+from tests.support.host_sampling import RequestSampler, process_rows, sample_rows
 
 VOCAB = 96
 END = 5

@@ -1,8 +1,9 @@
 """The fused residual-code kernel samples as `residual_sampling.sample_residual` and gathers exactly.
 
 On the CPU the kernel runs under Triton's interpreter, in one subprocess for the module (the
-interpreter is chosen when Triton compiles, at import; `residual_code_check` prints each scenario's
-figures); on CUDA at the full code-predictor size, eagerly and replayed from a CUDA graph.
+interpreter is chosen when Triton compiles, at import; `tests.support.kernel_checks.residual_code`
+prints each scenario's figures); on CUDA at the full code-predictor size, eagerly and replayed from a
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.interpreted import interpreted as run_interpreted
+from tests.support.kernel_checks.interpreted import interpreted as run_interpreted
 
 pytest.importorskip("triton")
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, dict]:
-    return run_interpreted("residual_code_check")
+    return run_interpreted("tests.support.kernel_checks.residual_code")
 
 
 def _agrees(result: dict) -> None:
@@ -69,7 +70,7 @@ def test_residual_code_computes_the_head_then_samples(interpreted: dict[str, dic
 def _full_size_inputs(seed: int) -> dict[str, torch.Tensor]:
     """B = 32, V = 2048, H = 1024, bfloat16: a one-hot hidden picks a tie-free column of the head, so
     the logits are exact and tie-free; every fourth row greedy."""
-    from tests.engine.residual_code_check import distinct_logits, uniforms
+    from tests.support.kernel_checks.residual_code import distinct_logits, uniforms
 
     g = torch.Generator().manual_seed(seed)
     b, v, h = 32, 2048, 1024
@@ -86,7 +87,7 @@ def _full_size_inputs(seed: int) -> dict[str, torch.Tensor]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_full_size_on_cuda_eager_and_from_a_cuda_graph() -> None:
     from omnivoice.runners.residual_code_kernel import residual_code
-    from tests.engine.residual_code_check import agreement
+    from tests.support.kernel_checks.residual_code import agreement
 
     static = _full_size_inputs(0)
     residual_code(**static)  # compiles outside the capture
@@ -111,7 +112,7 @@ def test_full_size_on_cuda_eager_and_from_a_cuda_graph() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sampled_codes_match_torch_on_cuda(dtype: torch.dtype) -> None:
     """The interpreter's scenario compiled, for both kinds of sort key: 32 rows drawn 32 times each."""
-    from tests.engine.residual_code_check import sampled
+    from tests.support.kernel_checks.residual_code import sampled
 
     result = sampled(2048, dtype, rows=32, draws=32, h=1024, seed=7, device="cuda")
     _agrees(result)

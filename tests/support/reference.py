@@ -1,4 +1,5 @@
-"""Reference output: transformers' own greedy `generate()` on a `Prompt`, for the engine's parity tests.
+"""Reference output: transformers' own greedy `generate()` on a `Prompt`, for the engine's parity tests
+(tests/engine/test_engine.py; tests/models/test_reference.py checks the reference itself).
 
 Greedy runs are bit-identical across runs and processes, so whatever the engine does (batching,
 streaming, its own KV cache) must reproduce these text ids, codec codes and samples token for token.
