@@ -1,9 +1,10 @@
 """The Starlette app over the engine (`create_app`): every HTTP and WebSocket route the server serves.
 
-`/v1/chat/completions` (chat), the realtime session and its transports
-(realtime: OpenAI Realtime over WebSocket; webrtc; telephony: Twilio Media Streams), auth (API keys,
-client secrets, origins, rate limits), admission, limits and drain (lifecycle, drain), `/health`,
-`/v1/models`, `/metrics` and `/v1/debug/state`, and the voice-chat page (page).
+The transports, side by side: chat (`/v1/chat/completions`), realtime (OpenAI Realtime over
+WebSocket), webrtc and telephony (Twilio Media Streams). Below them, session: the realtime session
+the last three drive with the same events, and the one way to open one. Shared by all: auth (API
+keys, client secrets, origins, rate limits), admission, limits and drain (lifecycle, drain),
+`/health`, `/v1/models`, `/metrics` and `/v1/debug/state`, and the voice-chat page (page).
 """
 
 from omnivoice.server.app import create_app

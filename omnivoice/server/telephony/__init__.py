@@ -1,1 +1,3 @@
-"""Telephony bridges: phone calls carried over a carrier's media WebSocket, each a realtime session."""
+"""Telephony bridges: phone calls carried over a carrier's media WebSocket, each driving a realtime
+session (omnivoice.server.session). Twilio Media Streams: the endpoint, the call, its protocol and
+outbox, playout marks, the TwiML webhook, and who a stream is charged to (stream_auth)."""
