@@ -59,7 +59,7 @@ class Sessions:
         self.config = profile.realtime
         self.sessions: dict[str, Session] = {}
         self._lifecycle = lifecycle
-        self._admission = admission
+        self.admission = admission
         self._limits = limits
         self._reserved = 0
         self._vad = vad
@@ -138,7 +138,7 @@ class Ticket:
             outbox,
             await sessions.vad(),
             profile=sessions.profile,
-            admission=sessions._admission,
+            admission=sessions.admission,
         )
         self.session = session  # closed by `close` even if its settings are refused
         if settings:

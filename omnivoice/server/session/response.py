@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import time
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.conversation import Content, Conversation, Item, new_id
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.pacing import Pacer
 from omnivoice.server.session.prompting import build_prompt
 from omnivoice.server.session.read_ahead import ReadAhead
 from omnivoice.server.session.server_events import error, format_object, usage_object
@@ -59,35 +59,6 @@ class ResponsePlan:
     talker: Sampling
     in_conversation: bool = True
     metadata: dict[str, str] | None = None
-
-
-class Pacer:
-    """Holds audio back so that at most `ahead_s` seconds are queued beyond real-time playback."""
-
-    def __init__(self, ahead_s: float) -> None:
-        self.ahead_s = ahead_s
-        self._start: float | None = None
-        self._queued_s = 0.0
-
-    async def wait(self, seconds: float, stop: asyncio.Event) -> bool:
-        """Call before sending `seconds` more audio; False (send nothing more) once `stop` is set."""
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        lead = self._queued_s - (now - self._start)
-        if lead < 0:  # the player ran dry (generation was slower): it restarts at this chunk
-            self._start -= lead
-            lead = 0.0
-        if lead > self.ahead_s:
-            try:
-                async with asyncio.timeout(lead - self.ahead_s):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-        if stop.is_set():
-            return False
-        self._queued_s += seconds
-        return True
 
 
 class Response:
