@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from omnivoice.engine.process_stats import SHM_DIR, shm_prefix, start_time
-from tests.server.serve_process import ServeProcess, descendants, running, write_profile
+from tests.support.serve_process import ServeProcess, descendants, running, write_profile
 
 LONG_CHAT = {
     "messages": [{"role": "user", "content": "hello"}],

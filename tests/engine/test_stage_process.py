@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.server.serve_process import alive
+from tests.support.serve_process import alive
 
 SCRIPT = textwrap.dedent(
     """

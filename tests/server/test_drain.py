@@ -19,14 +19,12 @@ import yaml
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.drain import in_flight
-
-from .fake_engine import FakeEngine, Script
-from .realtime.fake import client
-from .realtime.rt import Recorder
-from .serve import serve_thread
-from .serve_process import ServeProcess, descendants, running, write_profile
-from .telephony.carrier import call
-from .webrtc.peers import connect
+from tests.support.fake_engine import FakeEngine, Script
+from tests.support.realtime_client import Recorder, client
+from tests.support.serve import serve_thread
+from tests.support.serve_process import ServeProcess, descendants, running, write_profile
+from tests.support.twilio_carrier import call
+from tests.support.webrtc_client import connect
 
 LONG = Script(texts=("x",) * 400, audio_chunks=0, delay=0.02)  # 8 s: cut by the drain
 SHORT = Script(texts=("y",) * 20, audio_chunks=3, delay=0.02)  # 0.5 s: finishes within it
