@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from omnivoice.types import STAGES
+from omnivoice.types import STAGES, Sampling
 
 
 class _Strict(BaseModel):
@@ -23,13 +23,34 @@ class _Strict(BaseModel):
 
 
 class SamplingDefaults(_Strict):
-    """Per-stage sampling defaults; a request may override temperature/top_p/max tokens."""
+    """Per-stage sampling defaults; a request may override temperature/top_p/max tokens. The talker's
+    tokens are codec frames: its max_tokens and min_tokens count frames of audio (80 ms each)."""
 
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     repetition_penalty: float = Field(1.0, gt=0.0)
     max_tokens: int = Field(256, ge=1)
+
+    def for_request(
+        self,
+        *,
+        max_tokens: int | None = None,
+        min_tokens: int = 0,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Sampling:
+        """A request's sampling: these defaults, with what the request sets (None keeps the default)."""
+        return Sampling(
+            temperature=self.temperature if temperature is None else temperature,
+            top_p=self.top_p if top_p is None else top_p,
+            top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+            min_tokens=min_tokens,
+            seed=seed,
+        )
 
 
 class ChunkConfig(_Strict):

@@ -39,7 +39,8 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling for one stage of one request. temperature 0 means greedy."""
+    """Sampling for one stage of one request. temperature 0 means greedy. For the talker, max_tokens
+    and min_tokens count codec frames: N gives N frames of audio (80 ms each)."""
 
     temperature: float = 0.0
     top_p: float = 1.0

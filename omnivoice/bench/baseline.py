@@ -23,6 +23,7 @@ from omnivoice.bench.metrics import RequestRecord
 from omnivoice.config import Profile
 from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.loader import ModelSpec, load_model
+from omnivoice.runners.talker import codec_token_sampling
 from omnivoice.types import GenerationRequest, Sampling
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ def generate_once(model: Any, spec: ModelSpec, req: GenerationRequest) -> Reques
             return_audio=True,
             thinker_eos_token_id=list(spec.thinker_eos_ids),
             **_stage_kwargs("thinker", req.thinker),
-            **_stage_kwargs("talker", req.talker),
+            # generate() counts the talker's codebook-0 tokens, one more than the request's frames
+            **_stage_kwargs("talker", codec_token_sampling(req.talker)),
         )
     samples = wav.reshape(-1).float().cpu().numel()  # waits for the GPU
     end = time.perf_counter()

@@ -73,24 +73,13 @@ def chat_prompt(spec: ModelSpec, n_tokens: int, rng: np.random.Generator, newlin
 
 
 def _fixed(d: SamplingDefaults, tokens: int, seed: int | None) -> Sampling:
-    return Sampling(
-        temperature=d.temperature,
-        top_p=d.top_p,
-        top_k=d.top_k,
-        repetition_penalty=d.repetition_penalty,
-        max_tokens=tokens,
-        min_tokens=tokens,
-        seed=seed,
-    )
+    return d.for_request(max_tokens=tokens, min_tokens=tokens, seed=seed)
 
 
 def make_requests(
     profile: Profile, spec: ModelSpec, cfg: EngineLoadConfig, newline_id: int, count: int, tag: str
 ) -> list[GenerationRequest]:
-    """`count` requests with the profile's sampling defaults and fixed lengths; seeded from cfg.seed.
-
-    A talker that runs M steps yields M - 1 frames, so it gets audio_frames + 1 tokens.
-    """
+    """`count` requests with the profile's sampling defaults and fixed lengths; seeded from cfg.seed."""
     rng = np.random.default_rng(cfg.seed)
     stages = profile.stages
     out = []
@@ -103,7 +92,7 @@ def make_requests(
                 want_audio=cfg.audio_frames > 0,
                 voice=cfg.voice,
                 thinker=_fixed(stages.thinker.sampling, cfg.text_tokens, seed),
-                talker=_fixed(stages.talker.sampling, cfg.audio_frames + 1, seed),
+                talker=_fixed(stages.talker.sampling, cfg.audio_frames, seed),
             )
         )
     return out

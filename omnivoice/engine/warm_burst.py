@@ -50,8 +50,7 @@ def burst_requests(
             prompt=chat_prompt(spec, text_ids(spec, body, rng), newline_id),
             voice=info.default_voice,
             thinker=Sampling(max_tokens=2, min_tokens=2),
-            # a talker that runs M steps yields M - 1 frames: one first chunk for Code2Wav
-            talker=Sampling(max_tokens=first + 1, min_tokens=first + 1),
+            talker=Sampling(max_tokens=first, min_tokens=first),  # one first chunk for Code2Wav
         )
         for i in range(rows)
     ]

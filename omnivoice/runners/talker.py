@@ -32,7 +32,7 @@ from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.slot_sampling import SlotSampler, request_generator
 from omnivoice.runners.talker_inputs import TalkerInputs
 from omnivoice.runners.transfer import ReadBack, to_device
-from omnivoice.types import GenerationRequest, StageStats
+from omnivoice.types import GenerationRequest, Sampling, StageStats
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -211,7 +211,7 @@ class TalkerRunner:
         params = []
         for seq, x in ready:
             seq.slot = self.cache.alloc()
-            p = seq.request.talker
+            p = codec_token_sampling(seq.request.talker)
             room = self.cfg.max_seq_len - x.shape[0]  # as the thinker does: the answer is cut, not refused
             if p.max_tokens > room:
                 log.debug("request %s: talker frames capped at %d", seq.request.request_id, room)
@@ -266,7 +266,7 @@ class TalkerRunner:
         if per is None:
             return
         frames = math.ceil(per * len(seq.text)) + self.cfg.extra_frames
-        limit = max(frames + 1, seq.request.talker.min_tokens)  # + 1: the last token never gets a frame
+        limit = max(frames, seq.request.talker.min_tokens) + 1  # + 1: the last token never gets a frame
         # never below a token not yet queued: its step is what reads back the end
         seq.max_tokens = min(seq.max_tokens, max(limit, seq.sampled + 1))
 
@@ -352,3 +352,17 @@ class TalkerRunner:
         empty = np.zeros((self.spec.num_code_groups, 0), dtype=np.int64)
         return [CodecChunk(rid, empty, True), StageFinished(rid, "talker", reason, seq.frames)]
 
+
+def codec_token_sampling(frames: Sampling) -> Sampling:
+    """The talker's sampling in codebook-0 tokens for a request's, whose max_tokens and min_tokens
+    count frames of audio.
+
+    A frame's codebook-0 token is sampled one step before its other codebooks, so N frames take N + 1
+    tokens: the step after the last frame samples one more, the end code or (at the frame limit) a
+    token that is dropped, as in transformers' generate(). The end code may come once min_tokens
+    frames are out; a request whose minimum is its maximum wants exactly that many frames, so it ends
+    cut at its length, as a fixed-length thinker request does.
+    """
+    max_tokens = frames.max_tokens + 1
+    min_tokens = max_tokens if frames.min_tokens >= frames.max_tokens else frames.min_tokens
+    return replace(frames, max_tokens=max_tokens, min_tokens=min_tokens)

@@ -16,7 +16,7 @@ from omnivoice.engine.engine import RESTARTING, STOPPED, Engine
 from omnivoice.models.loader import load_model
 from omnivoice.types import TALKER_PROMPT_EXTRA, AudioChunk, ChatMessage, Finished, TextPart
 from tests.support.engine import (
-    TALKER_TOKENS,
+    AUDIO_FRAMES,
     THINKER_TOKENS,
     audio_of,
     collect,
@@ -47,12 +47,13 @@ async def test_concurrent_requests_match_transformers_generate(engine: Engine, r
     results = await asyncio.gather(*(collect(engine, r) for r in reqs))
     for req, (outs, fin) in zip(reqs, results, strict=True):
         ref_ids, ref_codes, ref_wav = reference_generate(
-            reference_model.model, reference_model.spec, req.prompt, "ethan", THINKER_TOKENS, TALKER_TOKENS
+            reference_model.model, reference_model.spec, req.prompt, "ethan", THINKER_TOKENS, AUDIO_FRAMES + 1
         )
         assert tokens_of(outs) == ref_ids
         assert fin.finish_reason == "length"
         assert fin.usage.completion_tokens == THINKER_TOKENS
-        assert fin.usage.audio_frames == ref_codes.shape[1] == TALKER_TOKENS - 1
+        # generate() counts the talker's steps: N frames take N + 1 (the last one's token never speaks)
+        assert fin.usage.audio_frames == ref_codes.shape[1] == AUDIO_FRAMES
         wav = audio_of(outs)
         # gap-free: exactly as many samples as one decode of all frames
         assert wav.shape == ref_wav.shape
@@ -72,13 +73,13 @@ async def test_long_left_context_makes_streamed_audio_equal_full_decode(
     finally:
         await eng.close()
     _, _, ref_wav = reference_generate(
-        reference_model.model, reference_model.spec, req.prompt, "ethan", THINKER_TOKENS, TALKER_TOKENS
+        reference_model.model, reference_model.spec, req.prompt, "ethan", THINKER_TOKENS, AUDIO_FRAMES + 1
     )
     np.testing.assert_allclose(audio_of(outs), ref_wav, rtol=0, atol=1e-5)
 
 
 async def test_first_audio_arrives_before_the_thinker_finishes(engine: Engine) -> None:
-    req = request(engine, 2, thinker_tokens=96, talker_tokens=40)
+    req = request(engine, 2, thinker_tokens=96, audio_frames=40)
     outs, _ = await collect(engine, req)
     kinds = [type(o).__name__ for o in outs]
     first_audio = kinds.index("AudioChunk")
@@ -101,7 +102,7 @@ async def test_batched_steps_happen_in_every_stage(engine: Engine) -> None:
 
     watcher = asyncio.create_task(watch())
     try:
-        await asyncio.gather(*(collect(engine, request(engine, i, talker_tokens=120)) for i in range(4)))
+        await asyncio.gather(*(collect(engine, request(engine, i, audio_frames=120)) for i in range(4)))
     finally:
         watcher.cancel()
     assert seen["thinker"] >= 2 and seen["talker"] >= 2 and seen["code2wav"] >= 2, seen
@@ -115,7 +116,7 @@ async def test_text_only_request_produces_no_audio(engine: Engine) -> None:
 
 
 async def test_leaving_the_stream_aborts_the_request_in_every_stage(engine: Engine) -> None:
-    req = request(engine, 0, thinker_tokens=200, talker_tokens=400)
+    req = request(engine, 0, thinker_tokens=200, audio_frames=400)
     gen = engine.generate(req)
     async for out in gen:
         if isinstance(out, AudioChunk):
@@ -123,12 +124,12 @@ async def test_leaving_the_stream_aborts_the_request_in_every_stage(engine: Engi
     await gen.aclose()
     await wait_idle(engine)
     # and the engine still serves
-    outs, fin = await collect(engine, request(engine, 2, thinker_tokens=4, talker_tokens=10))
+    outs, fin = await collect(engine, request(engine, 2, thinker_tokens=4, audio_frames=10))
     assert fin.finish_reason == "length" and len(tokens_of(outs)) == 4
 
 
 async def test_abort_by_id_finishes_the_stream(engine: Engine) -> None:
-    req = request(engine, 0, thinker_tokens=200, talker_tokens=400)
+    req = request(engine, 0, thinker_tokens=200, audio_frames=400)
     outs: list = []
 
     async def consume() -> None:
@@ -174,7 +175,7 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart_
     shm_before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
     eng = await Engine.start(profile_for(tiny_checkpoint, worker="process"))
     try:
-        req = request(eng, 0, thinker_tokens=200, talker_tokens=400)
+        req = request(eng, 0, thinker_tokens=200, audio_frames=400)
         outs: list = []
 
         async def consume() -> None:
@@ -193,7 +194,7 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart_
             await collect(eng, request(eng, 2))
         # the supervisor brings fresh stages up and the next requests succeed
         await until(lambda: eng.failure is None, 90, what="the stages restarted")
-        outs, fin = await collect(eng, request(eng, 2, thinker_tokens=4, talker_tokens=10))
+        outs, fin = await collect(eng, request(eng, 2, thinker_tokens=4, audio_frames=10))
         assert fin.finish_reason == "length" and len(tokens_of(outs)) == 4
         # once the server shuts down (its drain holds restarts), a dead worker is not brought back
         eng.hold_restarts()
@@ -216,12 +217,12 @@ async def test_the_talker_cuts_audio_to_its_context_and_fails_only_a_prompt_that
     eng = await Engine.start(parse_profile(data))
     try:
         long_user = [ChatMessage("user", (TextPart("the sea and the wind " * 40),))]
-        no_room = replace(request(eng, 0, talker_tokens=20), prompt=eng.build_prompt(long_user))
+        no_room = replace(request(eng, 0, audio_frames=20), prompt=eng.build_prompt(long_user))
         # the servers refuse such a prompt up front (400 context_length_exceeded): the engine's limit
         # is the talker's room, not only the thinker's context
         assert eng.info.max_prompt_tokens == 128 - TALKER_PROMPT_EXTRA
         assert len(no_room.prompt.input_ids) > eng.info.max_prompt_tokens
-        capped, fine = request(eng, 0, talker_tokens=200), request(eng, 2, talker_tokens=20)
+        capped, fine = request(eng, 0, audio_frames=200), request(eng, 2, audio_frames=20)
         (_, bad), (capped_outs, cut), (ok_outs, ok) = await asyncio.gather(
             collect(eng, no_room), collect(eng, capped), collect(eng, fine)
         )

@@ -80,7 +80,7 @@ async def test_cpu_replicas_profile_runs_replicas_and_replaces_a_killed_one(tiny
     eng = await Engine.start(parse_profile(data, "cpu-replicas.yaml"))
     try:
         assert sum(1 for p in eng._pipeline.processes if "-talker-" in p.name) == 2
-        results = await asyncio.gather(*(collect(eng, request(eng, i, talker_tokens=30)) for i in range(2)))
+        results = await asyncio.gather(*(collect(eng, request(eng, i, audio_frames=30)) for i in range(2)))
         assert all(fin.finish_reason == "length" and audio_of(outs).size for outs, fin in results)
         await wait_idle(eng)
         used = [s.steps > 0 for s in eng.replica_stats() if s.name == "talker"]
@@ -91,7 +91,7 @@ async def test_cpu_replicas_profile_runs_replicas_and_replaces_a_killed_one(tiny
         await until(lambda: eng.failure is None, 120, what="the stages restarted")
         talkers = [p for p in eng._pipeline.processes if "-talker-" in p.name]
         assert len(talkers) == 2 and all(p.is_alive() for p in talkers)
-        results = await asyncio.gather(*(collect(eng, request(eng, i, talker_tokens=20)) for i in range(2)))
+        results = await asyncio.gather(*(collect(eng, request(eng, i, audio_frames=20)) for i in range(2)))
         assert all(fin.finish_reason == "length" for _, fin in results)
     finally:
         await eng.close()

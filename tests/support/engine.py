@@ -25,7 +25,7 @@ from omnivoice.types import (
 from .polling import until
 
 THINKER_TOKENS = 24
-TALKER_TOKENS = 70  # 69 frames: several 25-frame chunks after the first 4-frame one
+AUDIO_FRAMES = 69  # several 25-frame chunks after the first 4-frame one
 
 
 def profile_for(checkpoint: Path, worker: str = "thread", left_context: int = 25) -> Profile:
@@ -57,16 +57,16 @@ def messages(i: int) -> list[ChatMessage]:
 
 
 def request(engine: Engine, i: int, want_audio: bool = True, **kw: Any) -> GenerationRequest:
-    """Conversation `i` with fixed lengths (`thinker_tokens`, `talker_tokens`), greedy, a unique id."""
+    """Conversation `i` with fixed lengths (`thinker_tokens`, `audio_frames`), greedy, a unique id."""
     thinker = kw.pop("thinker_tokens", THINKER_TOKENS)
-    talker = kw.pop("talker_tokens", TALKER_TOKENS)
+    frames = kw.pop("audio_frames", AUDIO_FRAMES)
     return GenerationRequest(
         f"req-{i}-{os.urandom(3).hex()}",
         engine.build_prompt(messages(i)),
         want_audio=want_audio,
         voice="ethan",
         thinker=Sampling(max_tokens=thinker, min_tokens=thinker),
-        talker=Sampling(max_tokens=talker, min_tokens=talker, repetition_penalty=1.05),
+        talker=Sampling(max_tokens=frames, min_tokens=frames, repetition_penalty=1.05),
     )
 
 

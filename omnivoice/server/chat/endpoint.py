@@ -177,13 +177,12 @@ def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
     min_tokens = max_tokens if req.ignore_eos else (req.min_tokens or 0)
     if min_tokens > max_tokens:
         raise bad_request(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")
-    return _sampling(
-        d,
-        seed=req.seed,
-        temperature=d.temperature if req.temperature is None else req.temperature,
-        top_p=d.top_p if req.top_p is None else req.top_p,
+    return d.for_request(
         max_tokens=max_tokens,
         min_tokens=min_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
     )
 
 
@@ -195,18 +194,7 @@ def _talker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
         message = f"max_audio_frames is at most {d.max_tokens} on this server"
         raise bad_request(message, param="max_audio_frames")
     min_frames = min(req.min_audio_frames or 0, max_frames)
-    return _sampling(d, seed=req.seed, max_tokens=max_frames, min_tokens=min_frames)
-
-
-def _sampling(d: Any, **overrides: Any) -> Sampling:
-    base = {
-        "temperature": d.temperature,
-        "top_p": d.top_p,
-        "top_k": d.top_k,
-        "repetition_penalty": d.repetition_penalty,
-        "max_tokens": d.max_tokens,
-    }
-    return Sampling(**{**base, **overrides})
+    return d.for_request(max_tokens=max_frames, min_tokens=min_frames, seed=req.seed)
 
 
 async def _complete(

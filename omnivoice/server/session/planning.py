@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,7 +18,7 @@ from omnivoice.server.session.session_config import (
     resolve_format,
     resolve_voice,
 )
-from omnivoice.types import ModelInfo, Sampling, text_exceeds
+from omnivoice.types import ModelInfo, text_exceeds
 
 
 def plan_response(
@@ -59,19 +58,12 @@ def plan_response(
     tokens = r.max_output_tokens or r.max_response_output_tokens or s.max_output_tokens
     d = stages.thinker.sampling
     max_tokens = d.max_tokens if tokens in (None, "inf") else min(int(tokens), stages.thinker.max_seq_len)
-    thinker = Sampling(
-        d.temperature,
-        d.top_p,
-        d.top_k,
-        d.repetition_penalty,
-        max_tokens,
-        min(s.min_output_tokens or 0, max_tokens),
-    )
+    thinker = d.for_request(max_tokens=max_tokens, min_tokens=min(s.min_output_tokens or 0, max_tokens))
     t = stages.talker.sampling
-    talker = Sampling(t.temperature, t.top_p, t.top_k, t.repetition_penalty, t.max_tokens)
-    if s.output_audio_frames:  # a talker max of M gives M - 1 frames; M is at most the profile's
-        frames = min(s.output_audio_frames, t.max_tokens - 1)
-        talker = replace(talker, max_tokens=frames + 1, min_tokens=frames + 1)
+    talker = t.for_request()
+    if s.output_audio_frames:  # exactly that many frames, at most the profile's
+        frames = min(s.output_audio_frames, t.max_tokens)
+        talker = t.for_request(max_tokens=frames, min_tokens=frames)
     return ResponsePlan(
         voice=voice,
         output_format=fmt,
