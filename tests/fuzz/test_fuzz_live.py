@@ -24,14 +24,13 @@ from websockets.sync.client import ClientConnection, connect
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
 from omnivoice.server.session import protocol as p
+from tests.support.fuzz_inputs.chat import bodies as chat_bodies
+from tests.support.fuzz_inputs.realtime import events as realtime_events
+from tests.support.fuzz_inputs.sdp import OFFER, sdp_texts
+from tests.support.fuzz_inputs.strategies import pick, raw_bytes
+from tests.support.fuzz_inputs.twilio import CONNECTED, MEDIA, START, STOP
+from tests.support.fuzz_inputs.twilio import frames as twilio_frames
 from tests.support.serve import ServerThread, serve_thread
-
-from .strategies import pick, raw_bytes
-from .test_fuzz_chat import bodies as chat_bodies
-from .test_fuzz_realtime import events as realtime_events
-from .test_fuzz_sdp import OFFER, sdp_texts
-from .test_fuzz_twilio import CONNECTED, MEDIA, START, STOP
-from .test_fuzz_twilio import frames as twilio_frames
 
 TIMEOUT = 30.0  # any single answer; a hang fails the test instead of stalling it
 WS_LIMIT = 12_000_000  # frames stay under uvicorn's 16 MiB WebSocket limit (a larger one closes 1009)

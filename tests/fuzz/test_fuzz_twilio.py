@@ -27,57 +27,7 @@ from omnivoice.server.session.session_config import SessionPatch
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.telephony.twilio_call import CallParameters, TwilioCall
 from tests.support.fake_engine import AlwaysAdmit, FakeEngine, Script, fake_model_info
-
-from .strategies import json_values, lying_base64, mutated, pick, raw_bytes, raw_text
-
-SID = "MZ18ad3ab5a668481ce02b83e7395059f0"
-FRAME = base64.b64encode(b"\xff" * 160).decode()
-CONNECTED = {"event": "connected", "protocol": "Call", "version": "1.0.0"}
-START = {
-    "event": "start", "sequenceNumber": "1", "streamSid": SID,
-    "start": {
-        "accountSid": "AC123", "streamSid": SID, "callSid": "CA123", "tracks": ["inbound"],
-        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-        "customParameters": {"voice": "chelsie", "instructions": "be brief", "silence_duration_ms": "300",
-                             "max_output_tokens": "20", "min_output_tokens": "2", "output_audio_frames": "3"},
-    },
-}  # fmt: skip
-MEDIA = {
-    "event": "media", "sequenceNumber": "3", "streamSid": SID,
-    "media": {"track": "inbound", "chunk": "1", "timestamp": "5", "payload": FRAME},
-}  # fmt: skip
-DTMF = {
-    "event": "dtmf",
-    "streamSid": SID,
-    "sequenceNumber": "5",
-    "dtmf": {"track": "inbound_track", "digit": "1"},
-}
-MARK = {"event": "mark", "sequenceNumber": "4", "streamSid": SID, "mark": {"name": "my label"}}
-STOP = {
-    "event": "stop",
-    "sequenceNumber": "5",
-    "streamSid": SID,
-    "stop": {"accountSid": "AC123", "callSid": "CA123"},
-}
-VALID = [CONNECTED, START, MEDIA, DTMF, MARK, STOP]
-
-media_frames = st.tuples(
-    lying_base64(st.binary(max_size=2000)), st.sampled_from(["inbound", "outbound", "x"])
-).map(lambda t: json.dumps({**MEDIA, "media": {**MEDIA["media"], "payload": t[0], "track": t[1]}}))
-sequence_numbers = st.sampled_from(["0", "-1", "x", "", "99999999999999999999"]) | json_values
-frames = pick(
-    st.sampled_from(VALID).flatmap(mutated).map(json.dumps),
-    st.sampled_from(VALID).flatmap(mutated).map(json.dumps),
-    st.sampled_from(VALID).flatmap(mutated).map(json.dumps),
-    media_frames,
-    media_frames,
-    st.tuples(st.sampled_from(VALID), sequence_numbers).map(
-        lambda t: json.dumps({**t[0], "sequenceNumber": t[1]})
-    ),
-    st.tuples(st.sampled_from(VALID), json_values).map(lambda t: json.dumps({**t[0], "event": t[1]})),
-    raw_text,
-    raw_bytes,
-)
+from tests.support.fuzz_inputs.twilio import CONNECTED, MEDIA, START, frames
 
 
 @given(frames)
