@@ -16,6 +16,8 @@ import websockets
 from omnivoice.audio import decode_wav
 from tests.support.serve import ServerThread, serve_tiny
 
+pytestmark = pytest.mark.slow
+
 FRAMES = 12
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 TEXT_TOKENS = 8  # enough text that its bound on the audio (frames_per_text_token) is far above FRAMES
