@@ -101,12 +101,15 @@ class Usage:
     audio_frames: int = 0
 
 
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
 @dataclass(frozen=True)
 class Finished:
     """Last output of a request. finish_reason: stop | length | abort | error."""
 
     request_id: str
-    finish_reason: Literal["stop", "length", "abort", "error"]
+    finish_reason: FinishReason
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
 

@@ -32,7 +32,6 @@ from omnivoice.models.dummy import DummySource
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.types import (
     STAGES,
-    AudioChunk,
     ChatMessage,
     EngineOutput,
     EngineOverloaded,
@@ -41,8 +40,6 @@ from omnivoice.types import (
     GenerationRequest,
     Prompt,
     StageStats,
-    TextDelta,
-    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -187,8 +184,7 @@ class Engine:
             return
         self._pipeline.broadcast(Abort(request_id))
         if not state.done:
-            state.done = True
-            state.emit(Finished(request_id, "abort", self._usage(state)))
+            state.finish("abort")
 
     def stats(self) -> EngineStats:
         """Per stage, summed over its replicas (last_batch_size: the largest)."""
@@ -297,39 +293,15 @@ class Engine:
         if rid is None or state is None or state.done:
             return  # late output of an aborted or finished request
         if isinstance(msg, TokenOutput):
-            text = state.detok.add(msg.token_ids)
-            state.emit(TextDelta(rid, msg.token_ids, text))
+            state.on_tokens(msg)
         elif isinstance(msg, PcmOutput):
-            state.emit(AudioChunk(rid, state.audio_index, msg.pcm, self.spec.output_sample_rate))
-            state.audio_index += 1
-        elif isinstance(msg, StageFinished):
-            self._on_stage_finished(state, msg)
-
-    def _on_stage_finished(self, state: RequestState, msg: StageFinished) -> None:
-        if msg.reason == "error":
-            self._fail(msg.request_id, msg.error or f"{msg.stage} failed")
-            return
-        if msg.stage == "thinker":
-            state.thinker = msg
-            tail = state.detok.flush()
-            if tail:
-                state.emit(TextDelta(msg.request_id, (), tail))
-        elif msg.stage == "talker":
-            state.talker = msg  # whether the audio ran to its end code or was cut at a frame limit
-        elif msg.stage == "code2wav":
-            state.audio = msg
-        spoken = state.talker is not None and state.audio is not None
-        if state.thinker is not None and (spoken or not state.request.want_audio):
-            # audio cut at the talker's frame limit ends the response as a length limit does
-            cut = state.talker is not None and state.talker.reason == "length"
-            self._complete(state, "length" if cut else state.thinker.reason)
-
-    def _complete(self, state: RequestState, reason: str) -> None:
-        rid = state.request.request_id
-        with self._lock:
-            self._pop(rid)
-        state.done = True
-        state.emit(Finished(rid, reason, self._usage(state)))  # type: ignore[arg-type]
+            state.on_pcm(msg, self.spec.output_sample_rate)
+        elif isinstance(msg, StageFinished) and msg.reason == "error":
+            self._fail(rid, msg.error or f"{msg.stage} failed")
+        elif isinstance(msg, StageFinished) and (reason := state.on_stage_finished(msg)) is not None:
+            with self._lock:
+                self._pop(rid)
+            state.finish(reason)
 
     def _fail(self, rid: str, error: str) -> None:
         with self._lock:
@@ -337,8 +309,7 @@ class Engine:
         if state is None or state.done:
             return
         self._pipeline.broadcast(Abort(rid))
-        state.done = True
-        state.emit(Finished(rid, "error", self._usage(state), error=error))
+        state.finish("error", error)
 
     def _pop(self, rid: str) -> RequestState | None:
         """Forget a request (caller holds the lock) and give back its replicas' load."""
@@ -346,12 +317,3 @@ class Engine:
         if state is not None:
             self._router.release(state.request)
         return state
-
-    @staticmethod
-    def _usage(state: RequestState) -> Usage:
-        t = state.thinker
-        return Usage(
-            prompt_tokens=t.prompt_tokens if t else len(state.request.prompt.input_ids),
-            completion_tokens=t.count if t else state.detok.count,
-            audio_frames=state.audio.count if state.audio else 0,
-        )
