@@ -8,8 +8,6 @@ import base64
 import json
 import socket
 import struct
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from starlette.routing import Route
 from omnivoice.bench import cli
 from omnivoice.bench.chat_load import LoadConfig, audio_seconds, run_load, wav_seconds
 from omnivoice.bench.metrics import summarize
+from tests.support.serve import serve_thread
 
 RATE = 24000
 
@@ -109,17 +108,9 @@ def sse(obj: dict) -> str:
 def server() -> Iterator[FakeOmni]:
     fake = FakeOmni()
     config = uvicorn.Config(fake.app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "fake server did not start"
-        time.sleep(0.01)
-    fake.url = f"http://127.0.0.1:{srv.servers[0].sockets[0].getsockname()[1]}"
-    yield fake
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_thread(fake.app, wait_healthy=None, config=config) as st:
+        fake.url = st.base_url
+        yield fake
 
 
 @pytest.fixture
