@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from omnivoice.engine.process_stats import SHM_DIR, shm_prefix, start_time
+from tests.support.polling import until
 from tests.support.serve_process import ServeProcess, descendants, running, write_profile
 
 LONG_CHAT = {
@@ -38,14 +38,6 @@ def stage_processes(server_pid: int) -> dict[int, int]:
             if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 found[pid] = start
     return found
-
-
-async def wait_gone(procs: dict[int, int], timeout: float) -> list[str]:
-    """Until none of `procs` runs or `timeout` passes; those still running."""
-    deadline = time.monotonic() + timeout
-    while (left := running(procs)) and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    return left
 
 
 @pytest.mark.timeout(600)
@@ -78,7 +70,7 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
                 async for _ in lines:
                     pass
         await asyncio.to_thread(first.proc.wait, 30)
-        assert await wait_gone(others, 10) == [], "stage processes outlived their server"
+        await until(lambda: not running(others), 10, what="the stage processes ending with their server")
         assert running({stuck: workers[stuck]})
         # the segment of a message that was in flight when everything died
         leftover.write_bytes(b"\0" * 4096)
@@ -86,7 +78,7 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
         second = ServeProcess(write_profile(tmp_path, tiny_checkpoint, worker="thread"), env=env)
         try:
             await asyncio.to_thread(second.wait_ready, 240)
-            assert await wait_gone({stuck: workers[stuck]}, 10) == [], "the next start left it running"
+            await until(lambda: not running({stuck: workers[stuck]}), 10, what="the next start ending it")
             assert not leftover.exists()
             reclaimed = [line for line in second.lines if "reclaimed" in line]
             assert len(reclaimed) == 1, second.log[-3000:]
