@@ -15,18 +15,10 @@ import pytest
 
 from omnivoice.engine.process_stats import SHM_DIR, shm_prefix, start_time
 from tests.support.polling import until
+from tests.support.requests import streamed_audio_chat
 from tests.support.serve_process import ServeProcess, descendants, running, write_profile
 
-LONG_CHAT = {
-    "messages": [{"role": "user", "content": "hello"}],
-    "stream": True,
-    "modalities": ["text", "audio"],
-    "audio": {"voice": "ethan", "format": "pcm16"},
-    "max_tokens": 16,
-    "min_tokens": 16,
-    "min_audio_frames": 900,  # 72 s of audio: every stage still busy when the server dies
-    "max_audio_frames": 900,
-}
+LONG_CHAT = streamed_audio_chat(900)  # 72 s of audio: every stage still busy when the server dies
 
 
 def stage_processes(server_pid: int) -> dict[int, int]:

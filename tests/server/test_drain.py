@@ -21,6 +21,7 @@ from omnivoice.server import create_app
 from omnivoice.server.drain import in_flight
 from tests.support.fake_engine import FakeEngine, Script
 from tests.support.realtime_client import Recorder, client
+from tests.support.requests import streamed_audio_chat
 from tests.support.serve import serve_thread
 from tests.support.serve_process import ServeProcess, descendants, running, write_profile
 from tests.support.twilio_carrier import call
@@ -160,16 +161,7 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
         children = descendants(pid)
         assert children  # the stage processes
         await _event_size_limits(url)
-        long_chat = {
-            "messages": [{"role": "user", "content": "hello"}],
-            "stream": True,
-            "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "pcm16"},
-            "max_tokens": 16,
-            "min_tokens": 16,
-            "min_audio_frames": 900,  # 72 s of audio: still streaming when the drain expires
-            "max_audio_frames": 900,
-        }
+        long_chat = streamed_audio_chat(900)  # 72 s of audio: still streaming when the drain expires
         async with (
             httpx.AsyncClient(base_url=url, timeout=60) as c,
             c.stream("POST", "/v1/chat/completions", json=long_chat) as stream,
@@ -231,16 +223,7 @@ async def test_a_sigterm_to_the_whole_process_group_drains_and_stops_the_stages_
         url = await asyncio.to_thread(server.wait_ready, 240)
         pid = server.proc.pid
         children = descendants(pid)
-        chat = {
-            "messages": [{"role": "user", "content": "hello"}],
-            "stream": True,
-            "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "pcm16"},
-            "max_tokens": 16,
-            "min_tokens": 16,
-            "min_audio_frames": 150,  # several vocoder chunks: still generating when the signal lands
-            "max_audio_frames": 150,
-        }
+        chat = streamed_audio_chat(150)  # several vocoder chunks: still generating when the signal lands
         async with (
             httpx.AsyncClient(base_url=url, timeout=120) as c,
             c.stream("POST", "/v1/chat/completions", json=chat) as stream,

@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.polling import until
 from tests.support.realtime_client import Recorder, client
+from tests.support.requests import streamed_audio_chat
 from tests.support.serve import ServerThread, serve_tiny
 
 FRAMES = 60  # codec frames of the well-behaved response: 4.8 s of audio
@@ -144,18 +145,7 @@ async def test_an_sse_reader_that_stalls_is_dropped_and_its_request_aborted(st: 
     state = st.server.config.app.state  # type: ignore[attr-defined]
     engine = state.lifecycle.engine
     cancelled = state.metrics.registry.get_sample_value("omnivoice_requests_total", {"status": "cancelled"})
-    body = json.dumps(
-        {
-            "messages": [{"role": "user", "content": "hello"}],
-            "stream": True,
-            "modalities": ["text", "audio"],
-            "audio": {"voice": "ethan", "format": "pcm16"},
-            "max_tokens": 16,
-            "min_tokens": 16,
-            "min_audio_frames": HOG_FRAMES,
-            "max_audio_frames": HOG_FRAMES,
-        }
-    ).encode()
+    body = json.dumps(streamed_audio_chat(HOG_FRAMES)).encode()
     hog = stalled_socket(st)
     hog.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
