@@ -5,15 +5,14 @@ whose random-weight talker never samples its end code, so the frame limit is wha
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import websockets
 
 from omnivoice.audio import decode_wav
+from tests.support.realtime_client import text_turn
 from tests.support.serve import ServerThread, serve_tiny
 
 pytestmark = pytest.mark.slow
@@ -56,19 +55,6 @@ async def test_a_realtime_response_gets_output_audio_frames_frames(server: Serve
         "max_output_tokens": TEXT_TOKENS,
         "omnivoice": {"min_output_tokens": TEXT_TOKENS, "output_audio_frames": FRAMES},
     }
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": session}))
-        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-        await ws.send(json.dumps({"type": "response.create"}))
-        audio = 0
-        while True:
-            event = json.loads(await ws.recv())
-            assert event["type"] != "error", event
-            if event["type"] == "response.output_audio.delta":
-                audio += len(base64.b64decode(event["delta"]))
-            elif event["type"] == "response.done":
-                response = event["response"]
-                break
+    audio, response = await text_turn(url, session)
     frames = response["usage"]["output_token_details"]["audio_tokens"]
     _n_frames_of_audio(frames, audio // 2)  # pcm16 at 24 kHz, the session's default output format

@@ -5,16 +5,15 @@ without the bound it would talk until the talker's hard cap. Over a real server 
 from __future__ import annotations
 
 import base64
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import websockets
 
 from omnivoice.config import TalkerStage
+from tests.support.realtime_client import text_turn
 from tests.support.serve import ServerThread, serve_tiny
 
 pytestmark = pytest.mark.slow
@@ -64,20 +63,7 @@ def test_a_chat_answer_cut_by_its_text_ends_with_length(server: ServerThread) ->
 
 async def test_a_realtime_answer_is_bounded_by_its_text(server: ServerThread) -> None:
     url = server.base_url.replace("http", "ws") + "/v1/realtime"
-    async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": {"max_output_tokens": 8}}))
-        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-        await ws.send(json.dumps({"type": "response.create"}))
-        audio = 0
-        while True:
-            event = json.loads(await ws.recv())
-            assert event["type"] != "error", event
-            if event["type"] == "response.output_audio.delta":
-                audio += len(base64.b64decode(event["delta"]))
-            elif event["type"] == "response.done":
-                response = event["response"]
-                break
+    audio, response = await text_turn(url, {"max_output_tokens": 8})
     assert response["status"] == "incomplete"
     assert response["status_details"]["reason"] == "max_output_tokens"
     frames = response["usage"]["output_token_details"]["audio_tokens"]

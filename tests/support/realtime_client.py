@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import time
 from typing import Any
 
 import openai
+import websockets
 
 from .speech import RATE
 
@@ -74,3 +76,21 @@ async def send_audio(conn: Any, audio: bytes, chunk_ms: int = 20, pace: float = 
     for i in range(0, len(audio), step):
         await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step]).decode())
         await asyncio.sleep(pace * chunk_ms / 1000)
+
+
+async def text_turn(url: str, session: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """One turn over a raw `/v1/realtime` WebSocket at `url`: apply `session`, say "hi" as text, ask for a
+    response; the bytes of audio it streamed and its `response.done` object. An `error` event fails."""
+    async with websockets.connect(url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        audio = 0
+        while True:
+            event = json.loads(await ws.recv())
+            assert event["type"] != "error", event
+            if event["type"] == "response.output_audio.delta":
+                audio += len(base64.b64decode(event["delta"]))
+            elif event["type"] == "response.done":
+                return audio, event["response"]
