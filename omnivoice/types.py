@@ -38,6 +38,18 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """A constraint on what the thinker may write, enforced token by token while decoding.
+
+    `kind` says how `source` reads: "lark" is a Lark grammar in llguidance's dialect (JSON schemas may
+    be embedded with `%json{...}`), "json_schema" a JSON schema as text, "regex" a regular expression.
+    """
+
+    kind: Literal["lark", "json_schema", "regex"]
+    source: str
+
+
+@dataclass(frozen=True)
 class Sampling:
     """Sampling for one stage of one request. temperature 0 means greedy. For the talker, max_tokens
     and min_tokens count codec frames: N gives N frames of audio (80 ms each)."""
@@ -49,6 +61,8 @@ class Sampling:
     max_tokens: int = 256
     min_tokens: int = 0
     seed: int | None = None
+    # thinker only: decoding is constrained to this grammar (tool_choice "required", response_format)
+    grammar: Grammar | None = None
 
 
 @dataclass(frozen=True)
