@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--sessions", type=int, default=1, help="concurrent sessions")
     a("--turns", type=int, default=3, help="spoken turns per session")
+    a(
+        "--ramp-s",
+        type=float,
+        default=0.0,
+        help="spread the sessions' starts evenly over this many seconds (0: all at once)",
+    )
     a("--warmups", type=int, default=1, help="turns of one session run first and left out")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--speech-text", default=DEFAULT_SPEECH, help="what each caller says (espeak-ng)")
@@ -179,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                 RealtimeLoadConfig(sessions=1, turns=args.warmups, **common), lambda r: None, caller
             )
         )
-    cfg = RealtimeLoadConfig(sessions=args.sessions, turns=args.turns, **common)
+    cfg = RealtimeLoadConfig(sessions=args.sessions, turns=args.turns, ramp_s=args.ramp_s, **common)
     records, duration = asyncio.run(run_realtime_load(cfg, progress, caller))
     report = {
         "kind": "realtime",
@@ -190,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
         "transport": args.transport,
         "sessions": args.sessions,
         "turns_per_session": args.turns,
+        "ramp_s": args.ramp_s,
         "speech_seconds": len(speech) / 2 / RATE,
         "summary": summarize(records, duration),
     }

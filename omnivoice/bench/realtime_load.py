@@ -38,6 +38,9 @@ class RealtimeLoadConfig:
     audio_frames: int | None = None  # omnivoice extension: fixed talker frames
     turn_timeout_s: float = 120.0
     api_key: str | None = None
+    # session i connects i * ramp_s / sessions after the first: independent callers do not all start
+    # speaking (and stop) in the same 20 ms, so their turns interleave as real arrivals do
+    ramp_s: float = 0.0
 
 
 @dataclass
@@ -158,10 +161,12 @@ async def run_realtime_load(
         records.append(turn)
         on_turn(turn)
 
+    async def start(i: int) -> None:
+        await asyncio.sleep(i * cfg.ramp_s / cfg.sessions)
+        await make(cfg, i, record).run()
+
     t0 = time.monotonic()
-    results = await asyncio.gather(
-        *(make(cfg, i, record).run() for i in range(cfg.sessions)), return_exceptions=True
-    )
+    results = await asyncio.gather(*(start(i) for i in range(cfg.sessions)), return_exceptions=True)
     for i, r in enumerate(results):
         if isinstance(r, BaseException):
             records.append(TurnRecord(i, -1, error=f"{type(r).__name__}: {r}"))

@@ -1,0 +1,36 @@
+#!/bin/bash
+# The real server on the lent H200, driven by speaking sessions from the same machine (issue 19).
+# The `device` tool runs it over a copy of the working tree with `.whl/` (the server's wheels: the GPU
+# image has no starlette, uvicorn, soxr, aiortc...) and `.speech/utt.wav` (a spoken question made on
+# the CPU machine with espeak-ng; the GPU machine has no synthesizer) carried along. Results under
+# $OUT/r: serve.log, start.json (engine start seconds), rt-s<N>.json per session count.
+#   SESSIONS="1 32"      session counts, one `bench realtime` each (3-6 s speech, server VAD)
+#   TURNS=2 RAMP=4       turns per session; seconds over which the sessions' starts are spread
+#   TOKENS=64 FRAMES=240 each answer's text tokens and audio frames
+#   PROFILE=configs/h200-dummy.yaml  the served profile; EXTRA="--set ..." is not supported: copy the profile
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+mkdir -p "$OUT/r"
+PROFILE=${PROFILE:-configs/h200-dummy.yaml}
+t0=$(date +%s)
+python3 -m omnivoice serve --profile "$PROFILE" --port 8000 > "$OUT/r/serve.log" 2>&1 &
+server=$!
+ready=""
+for _ in $(seq 1 ${START_LIMIT:-300}); do
+    if python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8000/health", timeout=2)' 2>/dev/null; then ready=1; break; fi
+    kill -0 $server 2>/dev/null || break
+    sleep 1
+done
+echo "{\"engine_start_s\": $(( $(date +%s) - t0 )), \"ready\": \"${ready:-no}\"}" > "$OUT/r/start.json"
+cat "$OUT/r/start.json"
+if [ -z "$ready" ]; then tail -30 "$OUT/r/serve.log"; kill $server; exit 1; fi
+for n in ${SESSIONS:-1 32}; do
+    timeout ${TB:-200} python3 -m omnivoice bench realtime --sessions "$n" --turns ${TURNS:-2} --warmups 1 \
+        --ramp-s ${RAMP:-4} --speech-wav .speech/utt.wav --max-output-tokens ${TOKENS:-64} \
+        --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
+    tail -14 "$OUT/r/rt-s$n.log"
+done
+python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics.txt"
+kill -TERM $server; wait $server
+grep -E "ERROR|Traceback|illegal" "$OUT/r/serve.log" | head -20
