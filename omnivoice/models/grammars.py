@@ -7,7 +7,7 @@ chat template renders arguments in, so a model is never free to pad it with whit
 
 `compile_grammar` turns a `Grammar` into llguidance's grammar text and `grammar_error` says why one
 cannot be used (None when it can); `grammar_tokenizer` is llguidance's view of a served tokenizer,
-built once per runner.
+built once per runner, and `matcher_for` the matcher that follows one request's grammar.
 """
 
 from __future__ import annotations
@@ -93,6 +93,20 @@ def grammar_error(grammar: Grammar, tokenizer: LLTokenizer | None = None) -> str
         return str(e)
     message = LLMatcher.validate_grammar(text, tokenizer)
     return _one_line(message) if message else None
+
+
+def matcher_for(grammar: Grammar, tokenizer: LLTokenizer) -> LLMatcher:
+    """A matcher that follows `grammar` token by token; ValueError (saying why, on one line) when the
+    grammar cannot be used."""
+    matcher = LLMatcher(tokenizer, compile_grammar(grammar), log_level=0)
+    if matcher.is_error():
+        raise ValueError(_one_line(matcher.get_error()))
+    return matcher
+
+
+def matcher_error(matcher: LLMatcher) -> str:
+    """Why `matcher` stopped on an error, on one line (without llguidance's dump of its state)."""
+    return matcher.get_error().split("<state>")[0].strip().splitlines()[0]
 
 
 def grammar_tokenizer(hf_tokenizer: Any, vocab_size: int, end_ids: Sequence[int]) -> LLTokenizer:

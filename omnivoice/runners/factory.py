@@ -11,7 +11,8 @@ import torch
 
 from omnivoice.config import Profile
 from omnivoice.models.dummy import DummySource, build_dummy_model
-from omnivoice.models.loader import ModelSpec, load_model
+from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
+from omnivoice.models.loader import ModelSpec, load_model, load_processor_parts
 from omnivoice.types import StageName
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ def build_runners(
         model, spec = loaded.model, loaded.spec
     if any(stages.stage(s).replica_device(r).startswith("cuda") for s, r in only):
         _grouped_experts(model)
+    # the thinker compiles grammars against the served tokenizer
+    tokenizer = _tokenizer(profile, path) if any(s == "thinker" for s, _ in only) else None
     placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
     runners: dict[StageReplica, Any] = {}
     for name, replica in only:
@@ -61,7 +64,7 @@ def build_runners(
                 placed[key] = (copy.deepcopy(module) if moved else module).to(device, dtype)
             return placed[key]
 
-        runners[(name, replica)] = _runner(name, cfg, part, model, spec, stages, device)
+        runners[(name, replica)] = _runner(name, cfg, part, model, spec, stages, device, tokenizer)
     log.info("runners ready: %s", names)
     return runners
 
@@ -79,15 +82,29 @@ def _grouped_experts(model: Any) -> None:
     log.info("MoE experts: %s", chosen)
 
 
+def _tokenizer(profile: Profile, path: Path | DummySource) -> Any:
+    """The served model's tokenizer (a dummy model's is built from code)."""
+    if isinstance(path, DummySource):
+        return load_dummy_processor_parts(profile.model.cache_dir)[0]
+    return load_processor_parts(path)[0]
+
+
 def _runner(
-    name: str, cfg: Any, part: Any, model: Any, spec: ModelSpec, stages: Any, device: torch.device
+    name: str,
+    cfg: Any,
+    part: Any,
+    model: Any,
+    spec: ModelSpec,
+    stages: Any,
+    device: torch.device,
+    tokenizer: Any,
 ) -> Any:
     from omnivoice.runners.code2wav import Code2WavRunner
     from omnivoice.runners.talker import TalkerRunner
     from omnivoice.runners.thinker import ThinkerRunner
 
     if name == "thinker":
-        return ThinkerRunner(part("thinker"), spec, cfg, device)
+        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer)
     if name == "talker":
         special = torch.tensor([spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id])
         embed = model.thinker.get_input_embeddings()

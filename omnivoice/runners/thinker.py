@@ -3,14 +3,16 @@
 As in the talker, a step's inputs are on the device (each slot's last token; sampling state in a
 `SlotSampler`), so on a GPU a step is queued before the previous one's tokens are read back
 (`overlap`): the host turns step n's tokens into outputs while the GPU computes step n + 1. A request
-that samples an end token was then queued for one more step, whose row is dropped.
+that samples an end token was then queued for one more step, whose row is dropped. A request held to a
+grammar (`Sampling.grammar`, see `constraints.py`) needs its last token on the host before its next
+mask: a step with such a request in its batch reads the previous step back before it is queued.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,6 +20,7 @@ import torch
 
 from omnivoice.config import ThinkerStage
 from omnivoice.messages import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
+from omnivoice.runners.constraints import Constraints
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
@@ -78,7 +81,16 @@ class _Step:
 class ThinkerRunner:
     name = "thinker"
 
-    def __init__(self, thinker: Any, spec: ModelSpec, cfg: ThinkerStage, device: torch.device) -> None:
+    def __init__(
+        self,
+        thinker: Any,
+        spec: ModelSpec,
+        cfg: ThinkerStage,
+        device: torch.device,
+        tokenizer: Any | None = None,
+    ) -> None:
+        """`tokenizer`: the served model's (Hugging Face), which grammars are compiled against; without
+        one, a request with a grammar is refused."""
         self.model = thinker
         self.spec = spec
         self.cfg = cfg
@@ -104,6 +116,7 @@ class ThinkerRunner:
         self.prefix = PrefixCache(cfg.prefix_cache_entries, self._release)
         vocab = thinker.lm_head.out_features
         self.sampler = SlotSampler(self.cache.scratch + 1, vocab, spec.thinker_eos_ids, None, device)
+        self.constraints = Constraints(tokenizer, vocab, spec.thinker_eos_ids, device)
         self.tokens = torch.zeros(self.cache.scratch + 1, dtype=torch.long, device=device)  # each slot's last
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
@@ -130,11 +143,14 @@ class ThinkerRunner:
         n = len(req.prompt.input_ids)
         if n == 0 or n >= self.cfg.max_seq_len:
             raise ValueError(f"prompt of {n} tokens does not fit the context of {self.cfg.max_seq_len}")
+        if req.thinker.grammar is not None and not req.prefill_only:
+            self.constraints.add(req.request_id, req.thinker.grammar)  # compiled here, off the step
         self.waiting.append(req)
         return []
 
     def abort(self, request_id: str) -> None:
         self.waiting = deque(r for r in self.waiting if r.request_id != request_id)
+        self.constraints.drop(request_id)
         seq = self.running.pop(request_id, None)
         if seq is not None:
             self._retire(seq)  # a barged-in answer still leaves a reusable prefix
@@ -170,6 +186,9 @@ class ThinkerRunner:
         outs: list[Any] = []
         # a request whose last token is queued ends when that step is read back
         decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
+        if self._queued and self.constraints.any([s.request.request_id for s in decoding]):
+            outs += self._read_back(0)  # a constrained row's mask needs its last token: sync
+            decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
         queued = len(self._queued)
         # Admit new requests first, prefilled together: their first token is on the time-to-first-audio
         # path. At most max_prefill_tokens prompt tokens per step keep decode steps flowing.
@@ -255,6 +274,8 @@ class ThinkerRunner:
             hidden = torch.cat([p.entry.hidden[: p.reuse], hidden])
         max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - n)
         params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
+        if params.grammar is not None and params.min_tokens:
+            params = replace(params, min_tokens=0)  # a grammar decides where the answer may end
         seq = _Seq(req, p.slot, params.max_tokens, prompt_len=n)
         if req.cache_key:
             seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
@@ -306,6 +327,7 @@ class ThinkerRunner:
         """Sample each row's next token on the device (slot_idx: the rows' slots there) and queue the
         step's results for the host."""
         slots = [s.slot for s in seqs]
+        self.constraints.mask(logits, [s.request.request_id for s in seqs])
         draw = any(slot in self.sampler.generators for slot in slots)  # else all greedy: no sort
         tokens = self.sampler.sample(logits, slot_idx, self.sampler.draws(slots, len(slots)), draw=draw)
         self.tokens[slot_idx] = tokens
@@ -329,9 +351,11 @@ class ThinkerRunner:
                 token = tokens[b]
                 seq.generated.append(token)
                 outs.append(TokenOutput(rid, (token,)))
-                reason = None
+                reason, error = None, None
                 if token in self.sampler.end_ids:
                     reason = "stop"
+                elif (error := self.constraints.advance(rid, token)) is not None:
+                    reason = "error"
                 elif q.counts[b] >= seq.max_tokens:
                     reason = "length"
                 if seq.request.want_audio:
@@ -340,8 +364,10 @@ class ThinkerRunner:
                         self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, prompt_rows[b])
                     )
                 if reason is not None:
-                    outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len))
+                    n = len(seq.generated)
+                    outs.append(StageFinished(rid, "thinker", reason, n, seq.prompt_len, error))
                     self.running.pop(rid)
+                    self.constraints.drop(rid)
                     self._retire(seq)
         return outs
 
@@ -368,6 +394,4 @@ class ThinkerRunner:
 
 
 def _with_max(s: Any, max_tokens: int) -> Any:
-    from dataclasses import replace
-
     return replace(s, max_tokens=max_tokens, min_tokens=min(s.min_tokens, max_tokens))
