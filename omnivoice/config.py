@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from omnivoice.types import STAGES, Sampling
+from omnivoice.types import STAGES, Grammar, Sampling
 
 
 class _Strict(BaseModel):
@@ -40,6 +40,7 @@ class SamplingDefaults(_Strict):
         temperature: float | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        grammar: Grammar | None = None,
     ) -> Sampling:
         """A request's sampling: these defaults, with what the request sets (None keeps the default)."""
         return Sampling(
@@ -50,6 +51,7 @@ class SamplingDefaults(_Strict):
             max_tokens=self.max_tokens if max_tokens is None else max_tokens,
             min_tokens=min_tokens,
             seed=seed,
+            grammar=grammar,
         )
 
 

@@ -15,6 +15,7 @@ from omnivoice.types import (
     EngineOutput,
     EngineStats,
     GenerationRequest,
+    Grammar,
     ModelInfo,
     Prompt,
     StageStats,
@@ -41,6 +42,11 @@ class EngineAPI(Protocol):
 
     def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
         """Token ids (and audio features) for a conversation; raises ValueError for bad input."""
+        ...
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        """Raise ValueError (a message for the client) if `grammar` cannot constrain the thinker: a JSON
+        schema or grammar that does not compile. Special tokens it names are checked by the thinker."""
         ...
 
     def overloaded(self, request: GenerationRequest) -> str | None:

@@ -29,6 +29,7 @@ from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.messages import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
 from omnivoice.models.dummy import DummySource
+from omnivoice.models.grammars import grammar_error
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.types import (
     STAGES,
@@ -38,6 +39,7 @@ from omnivoice.types import (
     EngineStats,
     Finished,
     GenerationRequest,
+    Grammar,
     Prompt,
     StageStats,
 )
@@ -108,6 +110,11 @@ class Engine:
 
     def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
         return self._builder.build(messages, self.profile.model.system_prompt)
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        error = grammar_error(grammar)
+        if error is not None:
+            raise ValueError(error)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._closed:

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 
 from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.api import EngineAPI
+from omnivoice.models.grammars import grammar_error
 from omnivoice.server import create_app
 from omnivoice.types import (
     AudioChunk,
@@ -30,6 +31,7 @@ from omnivoice.types import (
     EngineStats,
     Finished,
     GenerationRequest,
+    Grammar,
     ModelInfo,
     Prompt,
     StageStats,
@@ -129,6 +131,11 @@ class FakeEngine:
                 elif isinstance(p, AudioPart):
                     n += max(1, int(p.pcm.size / p.sample_rate * 25))
         return Prompt(input_ids=tuple(range(n)))
+
+    def check_grammar(self, grammar: Grammar) -> None:
+        error = grammar_error(grammar)  # the real engine's check: it needs no model
+        if error is not None:
+            raise ValueError(error)
 
     def overloaded(self, request: GenerationRequest) -> str | None:
         if self.capacity is not None and len(self.running) >= self.capacity:

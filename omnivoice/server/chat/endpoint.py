@@ -154,6 +154,13 @@ def _request_and_prompt(
     voice = (req.audio.voice if req.audio else None) or info.default_voice
     if "audio" in req.output_modalities:
         check_voice(voice, info.voices)
+    grammar = req.response_grammar
+    if grammar is not None:
+        try:
+            engine.check_grammar(grammar)
+        except ValueError as e:
+            message = f"response_format: the schema cannot be used: {e}"
+            raise bad_request(message, param="response_format", code="invalid_schema") from None
     texts = prompt_texts(req)
     if text_exceeds(texts, info.max_prompt_chars):
         raise context_length_exceeded(
@@ -183,6 +190,7 @@ def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
         temperature=req.temperature,
         top_p=req.top_p,
         seed=req.seed,
+        grammar=req.response_grammar,
     )
 
 

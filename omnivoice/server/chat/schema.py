@@ -3,22 +3,25 @@
 Keys that only describe the request (`user`, `metadata`, `store`, `name`, `service_tier`, vLLM
 extras, ...) are tolerated; every key we act on is validated, and what this model cannot do (tool
 messages, images, video, n > 1) fails with a 400 naming the offending field. OpenAI parameters that
-ask for something this server does not do (`tools`, `response_format`, `logprobs`, `stop`, ...; see
+ask for something this server does not do (`tools`, `logprobs`, `stop`, ...; see
 UNSUPPORTED) are refused with a 400 `unsupported_parameter` naming them, unless their value asks for
 nothing (null, `false`, `0`, `[]`, `tool_choice: "none"`...), as SDKs and careful clients send.
+`response_format` (`text`, `json_object`, `json_schema`) becomes the grammar the thinker's answer is
+held to (`response_grammar`).
 Extensions for fixed-length benchmarks: `min_tokens` and `ignore_eos` (as in vLLM) for the text,
 `min_audio_frames` / `max_audio_frames` for the talker's codec frames (12.5 per second of audio).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from omnivoice.audio import AudioDecodeError, decode_base64_audio
 from omnivoice.server.errors import APIError, bad_request
-from omnivoice.types import AudioPart, ChatMessage, TextPart
+from omnivoice.types import AudioPart, ChatMessage, Grammar, TextPart
 
 _UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
 # OpenAI parameters this server does not implement, each with the values that ask for nothing.
@@ -27,7 +30,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),  # "auto" without tools chooses none
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "logit_bias": (None, {}),
@@ -106,6 +108,30 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
+class TextFormat(_Lenient):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Lenient):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Lenient):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]+$", max_length=64)
+    description: str | None = None
+    # `schema` would shadow BaseModel.schema(); the JSON key is still "schema"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the schema is enforced either way
+
+
+class JsonSchemaFormat(_Lenient):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
+
+
 class ChatRequest(_Lenient):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
@@ -124,6 +150,7 @@ class ChatRequest(_Lenient):
     ignore_eos: bool = False
     min_audio_frames: int | None = Field(None, ge=0)
     max_audio_frames: int | None = Field(None, ge=1)
+    response_format: ResponseFormat | None = None
 
     @field_validator("modalities")
     @classmethod
@@ -158,6 +185,17 @@ class ChatRequest(_Lenient):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def response_grammar(self) -> Grammar | None:
+        """The grammar `response_format` holds the answer to: any JSON object, or JSON of the schema
+        (an empty schema: any JSON value); None for text."""
+        fmt = self.response_format
+        if isinstance(fmt, JsonObjectFormat):
+            return Grammar("json_schema", json.dumps({"type": "object"}))
+        if isinstance(fmt, JsonSchemaFormat):
+            return Grammar("json_schema", json.dumps(fmt.json_schema.schema_, ensure_ascii=False))
+        return None
 
 
 def check_room(body: dict[str, Any], max_tokens: int) -> None:

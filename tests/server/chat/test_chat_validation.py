@@ -216,7 +216,6 @@ def test_prompt_too_long(client: httpx.Client) -> None:
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"logit_bias": {"42": 10}}, "logit_bias"),

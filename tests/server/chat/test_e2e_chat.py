@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import os
 import re
 import signal
@@ -13,13 +14,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import soundfile as sf
+from pydantic import BaseModel, Field
 
 pytest.importorskip(
     "omnivoice.engine.engine", reason="the engine (omnivoice.engine.engine) has not landed yet"
@@ -175,6 +177,37 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="omnivoice", messages=USER, n=2)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="gpt-4o", messages=USER)
+
+
+class Weather(BaseModel):
+    """The answer `response_format` asks for: bounded, so even the random model's JSON ends."""
+
+    city: str = Field(max_length=12)
+    unit: Literal["celsius", "fahrenheit"]
+    days: int = Field(ge=1, le=14)
+
+
+def test_response_format_holds_the_random_model_to_the_schema(client: openai.OpenAI) -> None:
+    # the SDK sends the model's strict JSON schema and parses the answer with it
+    done = client.chat.completions.parse(
+        model="omnivoice", messages=USER, modalities=["text"], max_tokens=THINKER_TOKENS,
+        response_format=Weather, temperature=1.0, seed=5,
+    )  # fmt: skip
+    choice = done.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Weather)
+    stream = client.chat.completions.create(
+        model="omnivoice", messages=USER, modalities=["text"], max_tokens=THINKER_TOKENS, stream=True,
+        response_format={"type": "json_object"}, temperature=1.0, seed=6,
+    )  # fmt: skip
+    chunks = [c.choices[0] for c in stream if c.choices]
+    assert chunks[-1].finish_reason == "stop"
+    assert isinstance(json.loads("".join(c.delta.content or "" for c in chunks)), dict)
+    with pytest.raises(openai.BadRequestError) as e:
+        bad = {"name": "weather", "schema": {"type": "object", "properties": {"city": {"type": "town"}}}}
+        client.chat.completions.create(
+            model="omnivoice", messages=USER, response_format={"type": "json_schema", "json_schema": bad}
+        )
+    assert e.value.param == "response_format" and "town" in e.value.message
 
 
 def test_cli_serve(tiny_checkpoint: Path, tmp_path: Path) -> None:
