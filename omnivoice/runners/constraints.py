@@ -9,7 +9,7 @@ requests are left alone, and a step without constrained rows does nothing here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -44,8 +44,8 @@ class Constraints:
     def drop(self, request_id: str) -> None:
         self.matchers.pop(request_id, None)
 
-    def any(self, request_ids: Sequence[str]) -> bool:
-        """Whether any of `request_ids` is constrained."""
+    def any(self, request_ids: Iterable[str]) -> bool:
+        """Whether any of `request_ids` is constrained (at once False while none is)."""
         return bool(self.matchers) and any(rid in self.matchers for rid in request_ids)
 
     def mask(self, logits: torch.Tensor, request_ids: Sequence[str]) -> None:

@@ -186,7 +186,7 @@ class ThinkerRunner:
         outs: list[Any] = []
         # a request whose last token is queued ends when that step is read back
         decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
-        if self._queued and self.constraints.any([s.request.request_id for s in decoding]):
+        if self._queued and self.constraints.any(s.request.request_id for s in decoding):
             outs += self._read_back(0)  # a constrained row's mask needs its last token: sync
             decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
         queued = len(self._queued)
@@ -327,7 +327,8 @@ class ThinkerRunner:
         """Sample each row's next token on the device (slot_idx: the rows' slots there) and queue the
         step's results for the host."""
         slots = [s.slot for s in seqs]
-        self.constraints.mask(logits, [s.request.request_id for s in seqs])
+        if self.constraints.matchers:  # else nothing to mask: no cost to unconstrained batches
+            self.constraints.mask(logits, [s.request.request_id for s in seqs])
         draw = any(slot in self.sampler.generators for slot in slots)  # else all greedy: no sort
         tokens = self.sampler.sample(logits, slot_idx, self.sampler.draws(slots, len(slots)), draw=draw)
         self.tokens[slot_idx] = tokens
