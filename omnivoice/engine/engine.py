@@ -13,12 +13,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from omnivoice.config import Profile
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
+from omnivoice.engine.device_fault import exit_soon
 from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
@@ -68,6 +69,8 @@ class Engine:
         stages = [profile.stages.stage(s) for s in STAGES]
         self._capacity = tuple(s.max_batch + s.max_queue for s in stages)
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
+        # what a device fault in a stage of this process does: end the process (device_fault.exit_soon)
+        self.on_device_fault: Callable[[str], None] = exit_soon
         self.info = model_info(profile, model.spec, model.builder)
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
         self._dispatcher.start()
@@ -290,9 +293,7 @@ class Engine:
             self._stage_stats[(msg.name, msg.replica)] = msg
             return
         if isinstance(msg, StageCrashed):
-            log.error("%s stage crashed: %s; failing its requests", msg.stage, msg.error)
-            for crashed in list(self._requests):
-                self._fail(crashed, STOPPED)
+            self._crashed(msg)
             return
         rid: str | None = getattr(msg, "request_id", None)
         with self._lock:
@@ -309,6 +310,18 @@ class Engine:
             with self._lock:
                 self._pop(rid)
             state.finish(reason)
+
+    def _crashed(self, msg: StageCrashed) -> None:
+        in_process = msg.device_fault and self._pipeline.in_this_process(msg.stage)
+        if in_process:
+            # this process's device context is gone: no restart here can use it (see device_fault)
+            self._supervisor.hold()
+            self.failure = f"the GPU faulted in the {msg.stage} stage ({msg.error})"
+        log.error("%s stage crashed: %s; failing %d requests", msg.stage, msg.error, len(self._requests))
+        for crashed in list(self._requests):
+            self._fail(crashed, self.failure or STOPPED)
+        if in_process:
+            self.on_device_fault(self.failure or msg.error)
 
     def _fail(self, rid: str, error: str) -> None:
         with self._lock:

@@ -119,6 +119,10 @@ class Pipeline:
         pipe._wait_ready(set(workers), timeout)
         return pipe
 
+    def in_this_process(self, stage: StageName) -> bool:
+        """True when `stage` runs on a thread of this process (it shares this process's device context)."""
+        return any(t.name.startswith(f"stage-{stage}-") for t in self.threads)
+
     def _wait_ready(self, pending: set[tuple[StageName, int]], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pending:

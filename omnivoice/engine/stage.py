@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from omnivoice.engine.connectors import Connector
+from omnivoice.engine.device_fault import DeviceFault, is_device_fault
 from omnivoice.engine.process_stats import process_stats
 from omnivoice.messages import (
     Abort,
@@ -76,6 +77,7 @@ class StageReady:
 class StageCrashed:
     stage: StageName
     error: str
+    device_fault: bool = False  # the stage's device context is unusable (engine.device_fault)
 
 
 class StageWorker:
@@ -105,6 +107,14 @@ class StageWorker:
         self._aborted: OrderedDict[str, float] = OrderedDict()
 
     def run(self) -> None:
+        """Serve until Shutdown, the server going away, or a device fault (reported as StageCrashed)."""
+        try:
+            self._serve()
+        except DeviceFault as e:
+            log.critical("%s stage (replica %d) stopped: %s", self.runner.name, self.replica, e)
+            self.engine.put(StageCrashed(self.runner.name, str(e), device_fault=True))
+
+    def _serve(self) -> None:
         name = self.runner.name
         _own_cuda_stream(self.runner)
         self.engine.put(StageReady(name, self.replica))
@@ -151,6 +161,8 @@ class StageWorker:
         except Exception as e:
             log.exception("%s stage rejected request %s", self.runner.name, rid)
             self._fail([rid], e)
+            if is_device_fault(e):
+                raise DeviceFault(f"{self.runner.name}: {e}") from e
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -160,6 +172,8 @@ class StageWorker:
             ids = self.runner.active_ids()
             log.exception("%s stage step failed; failing requests %s", self.runner.name, ids)
             self._fail(ids, e)
+            if is_device_fault(e):
+                raise DeviceFault(f"{self.runner.name}: {e}") from e
             return
         finally:
             took = time.perf_counter() - started
