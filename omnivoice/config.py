@@ -98,12 +98,11 @@ class StageConfig(_Strict):
         "nothing runs ahead of the host",
     )
     fused_prefill: bool = Field(
-        False,
+        True,
         description="thinker and talker on CUDA devices: prompts through the same fused, compiled layers as "
         "decode steps instead of transformers' modules (fewer kernel launches, so a prompt's first token "
-        "comes sooner). Experimental: each new kind of prompt batch compiles (four kinds are compiled at "
-        "start, which lengthens it), and a compile while serving stalls the burst that meets it (see "
-        "BENCHMARKS.md)",
+        "comes sooner and a burst of prompts holds up the other streams' decoding for less). The kinds of "
+        "prompt batch it compiles are compiled at start, which lengthens it; false: transformers' modules",
     )
     # process: true parallelism across cores (the CPU default); thread: one process, one model copy;
     # ray: each replica a Ray actor, anywhere on the cluster of the profile's `ray` section
