@@ -7,7 +7,8 @@
 #   SESSIONS="1 32"      session counts, one `bench realtime` each (3-6 s speech, server VAD)
 #   TURNS=2 RAMP=4       turns per session; seconds over which the sessions' starts are spread
 #   TOKENS=64 FRAMES=240 each answer's text tokens and audio frames
-#   PROFILE=configs/h200-dummy.yaml  the served profile; EXTRA="--set ..." is not supported: copy the profile
+#   CHAT="32"            chat concurrencies, each run with the same speech as input_audio and as text only
+#   PROFILE=configs/h200-dummy.yaml  the served profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -30,6 +31,16 @@ for n in ${SESSIONS:-1 32}; do
         --ramp-s ${RAMP:-4} --speech-wav .speech/utt.wav --max-output-tokens ${TOKENS:-64} \
         --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
     tail -14 "$OUT/r/rt-s$n.log"
+done
+fixed='{"min_tokens": '${TOKENS:-64}', "min_audio_frames": '${FRAMES:-240}', "max_audio_frames": '${FRAMES:-240}'}'
+for c in ${CHAT:-}; do
+    for input in speech text; do
+        audio=""; [ $input = speech ] && audio="--input-audio .speech/utt.wav"
+        timeout ${TB:-200} python3 -m omnivoice bench --concurrency "$c" --num-prompts $((c * 2)) --warmups 2 \
+            --max-tokens ${TOKENS:-64} --extra-body "$fixed" $audio --prompt "Answer the question." --quiet \
+            --label "$input input, c=$c" --output-json "$OUT/r/chat-$input-c$c.json" > "$OUT/r/chat-$input-c$c.log" 2>&1
+        tail -12 "$OUT/r/chat-$input-c$c.log"
+    done
 done
 python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics.txt"
 kill -TERM $server; wait $server

@@ -44,6 +44,7 @@ class LoadConfig:
     temperature: float | None = None
     timeout_s: float = 600.0
     extra_body: Mapping[str, Any] = field(default_factory=dict)  # merged into every request body
+    input_audio: bytes | None = None  # a WAV sent as an input_audio part before the prompt's text
 
 
 @dataclass
@@ -89,7 +90,7 @@ def wav_seconds(data: bytes) -> float:
 def build_payload(cfg: LoadConfig, model: str, prompt: str) -> dict:
     payload: dict = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": [{"role": "user", "content": _content(cfg, prompt)}],
         "stream": True,
         "max_tokens": cfg.max_tokens,
         "modalities": list(cfg.modalities),
@@ -104,6 +105,13 @@ def build_payload(cfg: LoadConfig, model: str, prompt: str) -> dict:
         payload["temperature"] = cfg.temperature
     payload.update(cfg.extra_body)
     return payload
+
+
+def _content(cfg: LoadConfig, prompt: str) -> str | list[dict[str, Any]]:
+    if cfg.input_audio is None:
+        return prompt
+    clip = {"data": base64.b64encode(cfg.input_audio).decode(), "format": "wav"}
+    return [{"type": "input_audio", "input_audio": clip}, {"type": "text", "text": prompt}]
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[str]:

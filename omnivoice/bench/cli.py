@@ -33,6 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="the user message of every request")
     src.add_argument("--prompt-file", type=Path, default=None, help="one prompt per line, used in turn")
+    a(
+        "--input-audio",
+        type=Path,
+        default=None,
+        help="a WAV file sent with every request as an input_audio part before the prompt's text "
+        "(spoken input, as a voice client sends it)",
+    )
     a("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     a("--seed", type=int, default=None, help="sent as the request seed; also shuffles the prompt order")
     a("--temperature", type=float, default=None, help="sampling temperature (default: the server's)")
@@ -69,6 +76,15 @@ def _prompts(args: argparse.Namespace) -> tuple[str, ...]:
     return (args.prompt or DEFAULT_PROMPT,)
 
 
+def _input_audio(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    data = path.read_bytes()
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        raise ValueError(f"--input-audio {path} is not a WAV file")
+    return data
+
+
 def _config(args: argparse.Namespace) -> LoadConfig:
     modalities = tuple(m.strip() for m in args.modalities.split(",") if m.strip())
     if not set(modalities) <= {"text", "audio"} or not modalities:
@@ -98,6 +114,7 @@ def _config(args: argparse.Namespace) -> LoadConfig:
         temperature=args.temperature,
         timeout_s=args.timeout,
         extra_body=args.extra_body,
+        input_audio=_input_audio(args.input_audio),
     )
 
 

@@ -213,3 +213,25 @@ def test_cli_reports_an_unreachable_server(capsys) -> None:
     args = parser.parse_args(["--base-url", f"http://127.0.0.1:{port}", "--num-prompts", "1"])
     assert cli.run(args) == 1
     assert "cannot start" in capsys.readouterr().err
+
+
+def test_cli_sends_spoken_input_as_an_input_audio_part(fake: FakeOmni, tmp_path: Path, capsys) -> None:
+    clip = tmp_path / "question.wav"
+    clip.write_bytes(wav(0.5))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(
+        ["--base-url", fake.url, "--num-prompts", "1", "--warmups", "0", "--input-audio", str(clip),
+         "--prompt", "Answer me.", "--quiet"]
+    )  # fmt: skip
+    assert cli.run(args) == 0
+    (content,) = [p["messages"][-1]["content"] for p in fake.payloads]
+    audio, text = content
+    assert audio == {"type": "input_audio", "input_audio": {"data": b64(wav(0.5)), "format": "wav"}}
+    assert text == {"type": "text", "text": "Answer me."}
+
+    not_wav = tmp_path / "notes.txt"
+    not_wav.write_text("hello")
+    args = parser.parse_args(["--base-url", fake.url, "--input-audio", str(not_wav)])
+    assert cli.run(args) != 0
+    assert "not a WAV file" in capsys.readouterr().err
