@@ -311,6 +311,12 @@ class RealtimeConfig(_Strict):
     )
     idle_timeout_s: float = Field(600.0, gt=0, description="close a session this long without events")
     max_audio_ahead_ms: int = Field(1000, ge=0, description="audio sent ahead of real-time playback")
+    speculative_response: bool = Field(
+        True,
+        description="server VAD: start a turn's response as soon as the speech pauses, holding all of "
+        "it until silence_duration_ms confirms the turn, and abort it if the caller speaks again first; "
+        "a session may turn it off (session.omnivoice.speculative_response)",
+    )
     webrtc_connect_timeout_s: float = Field(
         15.0, gt=0, description="close a WebRTC call not connected (ICE + DTLS) this long after the answer"
     )

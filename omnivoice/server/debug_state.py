@@ -1,11 +1,13 @@
 """`GET /v1/debug/state`: what the server holds right now, for leak checks (`omnivoice bench soak`).
 
-Open realtime sessions by transport (WebSocket, WebRTC, Twilio) and their reserved slots, admitted
+Open realtime sessions by transport (WebSocket, WebRTC, Twilio) and their reserved slots, the counts
+of speculative responses (started, confirmed, dropped, the work the dropped ones wasted), admitted
 requests, the engine's request tables per stage worker (the workers report theirs with their stats,
 so process workers and Ray actors are covered), and process figures: resident memory and open fds of
 the server and of every stage worker process, asyncio tasks, and the shared-memory segments the
 server's connectors have in /dev/shm. After the last client has gone, every count but the process
-figures and the tombstones (aborted ids, forgotten after `stage.TOMBSTONE_TTL_S`) is back to 0.
+figures, the tombstones (aborted ids, forgotten after `stage.TOMBSTONE_TTL_S`) and the speculative
+responses' (totals since the start) is back to 0.
 
 It names no user data, but it is no public API: besides the auth middleware's check (an API key when
 keys are configured), it answers only loopback clients or requests made with an API key (403).
@@ -40,6 +42,7 @@ def snapshot(state: Any) -> dict[str, Any]:
     """The whole state as JSON-able data; call it on the server's event loop."""
     return {
         "realtime": realtime_counts(state),
+        "speculative_responses": state.realtime.speculation.wire(),
         "requests_in_flight": state.admission.in_flight,
         "engine": engine_tables(state),
         "process": server_process(),

@@ -102,6 +102,12 @@ class Conversation:
         self.items.insert(index + 1, item)
         return previous_item_id
 
+    def extended(self, item: Item) -> Conversation:
+        """A copy with `item` appended (the items themselves are shared); this one is unchanged."""
+        out = Conversation()
+        out.items = [*self.items, item]
+        return out
+
     def delete(self, item_id: str) -> bool:
         before = len(self.items)
         self.items = [i for i in self.items if i.id != item_id]

@@ -47,11 +47,16 @@ class InputBuffer:
             self._chunks = [np.concatenate(self._chunks)]
         return self._chunks[0] if self._chunks else np.zeros(0, np.float32)
 
+    def peek(self, start: int, end: int) -> np.ndarray:
+        """A copy of the audio in [start, end), clipped to what is held; the buffer keeps it."""
+        start, end = max(start, self.start), min(end, self.end)
+        if end <= start:
+            return np.zeros(0, np.float32)
+        return self._all()[start - self.start : end - self.start].copy()
+
     def take(self, start: int, end: int) -> np.ndarray:
         """Audio in [start, end) (clipped to what is held); everything before `end` is dropped."""
-        start, end = max(start, self.start), min(end, self.end)
-        data = self._all()
-        out = data[start - self.start : end - self.start].copy() if end > start else np.zeros(0, np.float32)
+        out = self.peek(start, end)
         self.trim(end)
         return out
 
@@ -73,13 +78,30 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True)
+class SpeechPaused:
+    position: int  # end of the first silent frame after speech: the turn may end here
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    position: int  # first sample of the speech frame that ended the pause
+
+
+@dataclass(frozen=True)
 class SpeechStopped:
     position: int  # end of the silence that ended the turn
 
 
+TurnEvent = SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped
+
+
 class TurnDetector:
     """server_vad: speech starts after MIN_SPEECH_FRAMES frames at or above `threshold` and stops after
-    `silence_duration_ms` of frames below `threshold - 0.15`; frames in between keep the state."""
+    `silence_duration_ms` of frames below `threshold - 0.15`; frames in between keep the state.
+
+    While speaking, the first silent frame is a pause (`SpeechPaused`): the turn ends there unless a
+    speech frame comes first (`SpeechResumed`) before the silence has lasted `silence_duration_ms`.
+    A pause long enough ends the turn (`SpeechStopped`, after its `SpeechPaused`)."""
 
     def __init__(self, td: TurnDetection, position: int = 0) -> None:
         self.td = td
@@ -89,8 +111,8 @@ class TurnDetector:
         self._silence = 0  # consecutive silent frames while speaking
         self._silence_frames = max(1, -(-td.silence_duration_ms * RATE // 1000 // FRAME))
 
-    def update(self, probs: list[float]) -> list[SpeechStarted | SpeechStopped]:
-        events: list[SpeechStarted | SpeechStopped] = []
+    def update(self, probs: list[float]) -> list[TurnEvent]:
+        events: list[TurnEvent] = []
         low = max(0.01, self.td.threshold - NEG_THRESHOLD_GAP)
         for p in probs:
             frame_start = self.next_frame
@@ -101,9 +123,13 @@ class TurnDetector:
                     self.speaking, self._silence = True, 0
                     events.append(SpeechStarted(frame_start - (MIN_SPEECH_FRAMES - 1) * FRAME))
             elif p >= self.td.threshold:
+                if self._silence:
+                    events.append(SpeechResumed(frame_start))
                 self._silence = 0
             elif p < low:
                 self._silence += 1
+                if self._silence == 1:
+                    events.append(SpeechPaused(self.next_frame))
                 if self._silence >= self._silence_frames:
                     self.speaking, self._run = False, 0
                     events.append(SpeechStopped(self.next_frame))

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from omnivoice.config import StagesConfig
+from omnivoice.server.session.generation import ResponsePlan
 from omnivoice.server.session.protocol import ProtocolError, ResponseAudioOutput, ResponseParams, too_long
-from omnivoice.server.session.response import ResponsePlan
 from omnivoice.server.session.session_config import (
     NO_TOOL_CHOICE,
     FormatParam,

@@ -5,22 +5,26 @@ queue up behind the pacer. An engine failure (a stage worker died) would then re
 after all the audio before it had played out. Here a task reads the engine stream as it comes; a
 `Finished` with an error overtakes whatever is still queued, and `failed` is set at once so that the
 pacer stops waiting.
+
+A speculative response reads ahead before it may send anything: its outputs wait here, in order, until
+the turn is confirmed (or are counted as wasted work when it is dropped: `held`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from omnivoice.types import EngineOutput, Finished
 
 
 class ReadAhead:
-    """Iterate over this instead of `outputs`; `aclose()` when done (cancels the reader task, which
-    leaves `outputs` closed or ready to be closed by its owner)."""
+    """Iterate over this instead of `outputs` (an `Engine.generate` stream, read from now on);
+    `aclose()` when done: it stops reading and closes `outputs`, which aborts the request in every
+    stage unless it had finished."""
 
-    def __init__(self, outputs: AsyncIterator[EngineOutput]) -> None:
+    def __init__(self, outputs: AsyncGenerator[EngineOutput, None]) -> None:
         self._outputs = outputs
         self._queue: deque[EngineOutput] = deque()
         self._more = asyncio.Event()
@@ -64,6 +68,12 @@ class ReadAhead:
             self._more.clear()
             await self._more.wait()
 
+    @property
+    def held(self) -> tuple[EngineOutput, ...]:
+        """The outputs read and not yet taken, in order."""
+        return tuple(self._queue)
+
     async def aclose(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        await self._outputs.aclose()

@@ -26,6 +26,7 @@ from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, EngineLifecycle
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
+from omnivoice.server.session.speculation import SpeculationStats
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,8 @@ class SessionRefused(Exception):
 
 class Sessions:
     """`lifecycle` gives the engine (`require()`), `admission` the slot each response takes, `limits`
-    the per-key limits; `vad` is loaded on first use unless given."""
+    the per-key limits; `vad` is loaded on first use unless given. `speculation` counts the sessions'
+    speculative responses."""
 
     def __init__(
         self,
@@ -64,6 +66,7 @@ class Sessions:
         self._reserved = 0
         self._vad = vad
         self._vad_lock = asyncio.Lock()
+        self.speculation = SpeculationStats()
 
     async def admit(self, owner: str, *, request_counted: bool = False) -> Ticket:
         """Admit a session of API key `owner`, or raise SessionRefused. `request_counted`: the auth
@@ -139,6 +142,7 @@ class Ticket:
             await sessions.vad(),
             profile=sessions.profile,
             admission=sessions.admission,
+            speculation=sessions.speculation,
         )
         self.session = session  # closed by `close` even if its settings are refused
         if settings:

@@ -6,6 +6,8 @@ engine failure does not wait behind the paced audio (`ReadAhead`): the response 
 its audio not yet sent is dropped.
 Cancelling the response's task aborts the engine request in every stage (closing its iterator),
 drops the deltas still queued, and ends the response with status `cancelled`.
+A response may take over an engine request started before it (`EarlyStart`: a speculative start,
+speculation.py) instead of starting its own; what that request made so far is streamed first.
 """
 
 from __future__ import annotations
@@ -14,51 +16,24 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from contextlib import aclosing
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.conversation import Content, Conversation, Item, new_id
+from omnivoice.server.session.generation import EarlyStart, ResponsePlan, start_generation
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.pacing import Pacer
-from omnivoice.server.session.prompting import build_prompt
-from omnivoice.server.session.read_ahead import ReadAhead
 from omnivoice.server.session.server_events import error, format_object, usage_object
-from omnivoice.types import (
-    AudioChunk,
-    ChatMessage,
-    EngineOverloaded,
-    Finished,
-    GenerationRequest,
-    Sampling,
-    TextDelta,
-    Usage,
-)
+from omnivoice.types import AudioChunk, ChatMessage, EngineOverloaded, Finished, TextDelta, Usage
 
 log = logging.getLogger(__name__)
 
 DELTA_MS = 200
 AUDIO_DELTA = "response.output_audio.delta"
-
-
-@dataclass(frozen=True)
-class ResponsePlan:
-    """What one response should produce, resolved from the session settings and `response.create`."""
-
-    voice: str
-    output_format: AudioFormat
-    want_audio: bool
-    instructions: str | None
-    thinker: Sampling
-    talker: Sampling
-    in_conversation: bool = True
-    metadata: dict[str, str] | None = None
 
 
 class Response:
@@ -73,8 +48,9 @@ class Response:
         resampler: StreamResampler,
         ahead_s: float,
         on_done: Callable[[Response], None],
+        early: EarlyStart | None = None,
     ) -> None:
-        self.id = new_id("resp")
+        self.id = early.response_id if early is not None else new_id("resp")
         self.session_id = session_id
         self.plan = plan
         self.status = "in_progress"
@@ -92,6 +68,7 @@ class Response:
         # session's bound method would make a reference cycle that only the cyclic GC frees
         self._on_done: Callable[[Response], None] | None = on_done
         self._transcript = ""
+        self._early = early
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -104,6 +81,8 @@ class Response:
             self.task.cancel()
             await asyncio.wait([self.task])
             if self.task.cancelled():  # cancelled before its first step: `run` never ran, so end it here
+                if self._early is not None:
+                    await self._early.close()
                 self._emit("response.created")
                 self._cancelled()
                 self._finish()
@@ -125,6 +104,13 @@ class Response:
         finally:
             self._finish()
 
+    def refuse(self, type_: str, code: str, message: str) -> None:
+        """Refused before it started (the server's request limit): created, an error, done (failed)."""
+        self._fail(type_, code, message)
+        self._emit("response.created")
+        self._outbox.put(error(message, code, type_=type_))
+        self._emit("response.done")
+
     def _cancelled(self) -> None:
         self.status, self.status_details = "cancelled", {"type": "cancelled", "reason": self.cancel_reason}
         dropped = self._outbox.drop(
@@ -138,37 +124,27 @@ class Response:
 
     async def _generate(self) -> None:
         plan = self.plan
-        built = await build_prompt(self._engine, self._conversation, plan.instructions)
-        if isinstance(built, str):
-            self._fail("invalid_request_error", "context_length_exceeded", built)
-            return
-        prompt, self.messages = built
-        request = GenerationRequest(
-            self.id,
-            prompt,
-            want_audio=plan.want_audio,
-            voice=plan.voice,
-            thinker=plan.thinker,
-            talker=plan.talker,
-            cache_key=self.session_id if plan.in_conversation else None,  # KV kept between turns
-        )
-        why = self._engine.overloaded(request)
-        if why is not None:  # before the output item exists: a refused response adds nothing
-            raise EngineOverloaded(why)
+        started = await self._early.take() if self._early is not None else None
+        if started is None:
+            made = await start_generation(self._engine, self.id, self.session_id, plan, self._conversation)
+            if isinstance(made, str):  # before the output item exists: a refused response adds nothing
+                self._fail("invalid_request_error", "context_length_exceeded", made)
+                return
+            started = made
+        self.messages = started.messages
         self._open_item()
-        async with aclosing(self._engine.generate(request)) as outputs:  # leaving early aborts every stage
-            ahead = ReadAhead(outputs)
-            try:
-                async for out in ahead:
-                    if isinstance(out, TextDelta) and out.text:
-                        self._on_text(out.text)
-                    elif isinstance(out, AudioChunk) and plan.want_audio:
-                        await self._send_audio(self._resampler.process(out.pcm), ahead.failed)
-                    elif isinstance(out, Finished):
-                        self.usage = out.usage
-                        self._on_finished(out)
-            finally:
-                await ahead.aclose()
+        ahead = started.ahead  # closing it early aborts the request in every stage
+        try:
+            async for out in ahead:
+                if isinstance(out, TextDelta) and out.text:
+                    self._on_text(out.text)
+                elif isinstance(out, AudioChunk) and plan.want_audio:
+                    await self._send_audio(self._resampler.process(out.pcm), ahead.failed)
+                elif isinstance(out, Finished):
+                    self.usage = out.usage
+                    self._on_finished(out)
+        finally:
+            await ahead.aclose()
         ended = self.status in ("completed", "incomplete")  # generation ran to its end (stop or length)
         if plan.want_audio and ended:
             await self._send_audio(self._resampler.flush(), asyncio.Event())

@@ -5,7 +5,9 @@ WebSocket, WebRTC call or phone call.
 Client events are handled one at a time, in order; only a response runs beside them (its own task).
 Handlers raise `ProtocolError` for bad input; `handle` turns it into an `error` event and goes on.
 The input buffer and turn detection are `Turns`' (turns.py); what a turn ends in (a barge-in, a
-response) is decided here.
+response) is decided here. With server VAD, a turn's response may start when the speech pauses, held
+until the silence window confirms the turn (`Speculation`, speculation.py); speech before then, or any
+client event but an audio append (it may change what the response was planned from), drops it.
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Conversation, Item
-from omnivoice.server.session.input_audio import InputBuffer, SpeechStarted
+from omnivoice.server.session.generation import ResponsePlan
+from omnivoice.server.session.input_audio import InputBuffer, SpeechPaused, SpeechResumed, SpeechStarted
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.planning import plan_response
 from omnivoice.server.session.prompting import build_prompt
-from omnivoice.server.session.response import Response, ResponsePlan
+from omnivoice.server.session.response import Response
 from omnivoice.server.session.server_events import error, session_object
 from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
+from omnivoice.server.session.speculation import Speculation, SpeculationStats, Speculator
 from omnivoice.server.session.turns import Turns
 from omnivoice.types import text_exceeds
 
@@ -40,7 +44,8 @@ log = logging.getLogger(__name__)
 
 
 class Session:
-    """`admission` gives each response its slot among the server's requests in flight."""
+    """`admission` gives each response its slot among the server's requests in flight; `speculation`
+    counts the speculative responses (the app's, shared by its sessions)."""
 
     def __init__(
         self,
@@ -51,6 +56,7 @@ class Session:
         *,
         profile: Profile,
         admission: Admission,
+        speculation: SpeculationStats | None = None,
     ) -> None:
         self.id = session_id
         self.engine = engine
@@ -58,7 +64,9 @@ class Session:
         self.profile = profile
         self._admission = admission
         info = engine.info
-        self.settings = SessionSettings(voice=info.default_voice)
+        self.settings = SessionSettings(
+            voice=info.default_voice, speculative_response=profile.realtime.speculative_response
+        )
         self.conversation = Conversation()
         # a committed buffer becomes one audio part, which may not exceed the server's audio limit
         buffer_s = min(profile.realtime.max_buffer_seconds, profile.server.max_audio_seconds)
@@ -69,6 +77,8 @@ class Session:
         self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
         self.last_response: Response | None = None
         self._warm_task: asyncio.Task[None] | None = None
+        stats = speculation if speculation is not None else SpeculationStats()
+        self._speculator = Speculator(session_id, engine, admission, stats)  # the response started early
         self._closed = False
 
     @property
@@ -107,7 +117,9 @@ class Session:
     async def _dispatch(self, e: p.ClientEvent) -> None:
         if isinstance(e, p.AudioAppend):
             await self.append_audio(await self.turns.decode(e), e.event_id)
-        elif isinstance(e, p.SessionUpdate):
+            return
+        await self._speculator.drop()  # it was planned from the session and conversation as they were
+        if isinstance(e, p.SessionUpdate):
             self.apply_settings(e.session, e.event_id)
             self.outbox.put({"type": "session.updated", "session": self._session_object()})
         elif isinstance(e, p.AudioCommit):
@@ -170,8 +182,16 @@ class Session:
             if isinstance(ev, SpeechStarted):
                 self.turns.speech_started(ev.position)
                 await self._speech_started()
-            elif (item := self.turns.speech_stopped(ev.position)) is not None:
-                self._turn_ended(item)
+            elif isinstance(ev, SpeechPaused):
+                self._speech_paused(ev.position)
+            elif isinstance(ev, SpeechResumed):
+                await self._speculator.drop()
+            else:
+                # confirmed: the turn commits what the speculative response was prompted with
+                early = self._speculator.confirm()
+                item = self.turns.speech_stopped(ev.position, early[0].item if early else None)
+                if item is not None:
+                    self._turn_ended(item, early)
 
     async def _speech_started(self) -> None:
         """The user speaks: a barge-in cuts the response (or the playout) short, and the conversation
@@ -206,10 +226,25 @@ class Session:
         if item is not None and item.ledger is not None:
             items.apply_truncate(self.outbox, item, item.ledger.sent_ms)
 
-    def _turn_ended(self, item: Item) -> None:
-        """A user turn has ended (server VAD): respond. The conversation before it was prefilled into
-        the engine's prefix cache when the speech started (`_warm`); feeding the user's audio while it
-        is still being spoken would hook in `append_audio`."""
+    def _speech_paused(self, position: int) -> None:
+        """The speech paused: start the turn's response now, prompted with the turn's audio so far and
+        held until the turn is confirmed (`_turn_ended`) or dropped (the speech resumes)."""
+        td = self.settings.turn_detection
+        wanted = self.settings.speculative_response and td is not None and td.create_response
+        if not wanted or self.response is not None or self._speculator.active:
+            return
+        item = self.turns.spoken(position)
+        if item is not None:
+            self._speculator.start(self.conversation, item, self._plan(None, None), self._warm_task)
+
+    def _turn_ended(self, item: Item, early: tuple[Speculation, Slot] | None) -> None:
+        """A user turn has ended (server VAD): respond, with the response started when the speech
+        paused (`early`, whose user item is `item`, with its slot) if there is one. The conversation
+        before the turn was prefilled into the engine's prefix cache when the speech started (`_warm`)."""
+        if early is not None:  # only made while no response runs and the turn creates one
+            spec, self._slot = early
+            self._start_response(spec.plan, spec)
+            return
         td = self.settings.turn_detection
         if not (td and td.create_response):
             return
@@ -228,7 +263,9 @@ class Session:
             raise p.ProtocolError(message, "conversation_already_has_active_response", None, e.event_id)
         self._start_response(self._plan(e.response, e.event_id))
 
-    def _start_response(self, plan: ResponsePlan) -> None:
+    def _start_response(self, plan: ResponsePlan, early: Speculation | None = None) -> None:
+        """Start a response to `plan`; `early` is its engine request, started speculatively (its slot
+        already held)."""
         resampler = self._out
         if plan.output_format.sample_rate != resampler.out_rate:  # a per-response format override
             resampler = StreamResampler(self.engine.info.sample_rate, plan.output_format.sample_rate)
@@ -242,20 +279,14 @@ class Session:
             resampler=resampler,
             ahead_s=self.profile.realtime.max_audio_ahead_ms / 1000,
             on_done=self._response_done,
+            early=early,
         )
         try:
-            self._slot = self._admission.acquire()
+            if early is None:
+                self._slot = self._admission.acquire()
         except APIError as err:  # at the server's request limit, or shutting down: refused at once
-            code = err.code or "server_error"
             log.info("session %s: response refused: %s", self.id, err.message)
-            response.status = "failed"
-            response.status_details = {
-                "type": "failed",
-                "error": {"type": err.type, "code": code, "message": err.message},
-            }
-            self.outbox.put({"type": "response.created", "response": response.wire()})
-            self.outbox.put(error(err.message, code, type_=err.type))
-            self.outbox.put({"type": "response.done", "response": response.wire()})
+            response.refuse(err.type, err.code or "server_error", err.message)
             return
         self.response = response
         response.start()
@@ -264,12 +295,15 @@ class Session:
         if self.response is response:
             self.response = None
         self.last_response = response
-        if self._slot is not None:
-            self._slot.release()
-            self._slot = None
+        self._release_slot()
         item = response.item
         if item is not None and item.id in self._deferred_truncates:
             items.apply_truncate(self.outbox, item, self._deferred_truncates.pop(item.id))
+
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
 
     async def _cancel_response(self, e: p.ResponseCancel) -> None:
         r = self.response
@@ -286,6 +320,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        await self._speculator.drop()
         if self.response is not None:
             await self.response.cancel("client_cancelled")
         if self._warm_task is not None:

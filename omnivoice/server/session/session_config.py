@@ -81,10 +81,12 @@ class AudioParam(_Strict):
 
 
 class OmnivoiceParam(_Strict):
-    """Extension for tests and benchmarks: fixed output lengths on a random-weight model."""
+    """Extension: fixed output lengths on a random-weight model (tests and benchmarks), and whether a
+    server-VAD turn's response starts speculatively (the profile's `realtime.speculative_response`)."""
 
     min_output_tokens: int | None = Field(None, ge=0)
     output_audio_frames: int | None = Field(None, ge=1, description="talker frames: min = max")
+    speculative_response: bool | None = None
 
 
 class SessionPatch(_Strict):
@@ -161,6 +163,8 @@ class SessionSettings:
     max_output_tokens: int | None = None  # None: "inf" (the profile's cap)
     min_output_tokens: int | None = None
     output_audio_frames: int | None = None
+    # server VAD: start the response when speech pauses, held until the silence window confirms the turn
+    speculative_response: bool = True
     echo: dict[str, Any] = field(default_factory=dict)  # accepted, not acted on: echoed back
 
 
@@ -223,6 +227,8 @@ def apply_patch(
     if p.omnivoice is not None:
         changes["min_output_tokens"] = p.omnivoice.min_output_tokens
         changes["output_audio_frames"] = p.omnivoice.output_audio_frames
+        if p.omnivoice.speculative_response is not None:  # unset: the session's (the profile's) stays
+            changes["speculative_response"] = p.omnivoice.speculative_response
     if p.tools:
         raise SettingsError("tools (function calling) are not supported by this server", "session.tools")
     if p.tool_choice not in NO_TOOL_CHOICE:

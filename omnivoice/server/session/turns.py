@@ -22,13 +22,7 @@ from omnivoice.audio.vad import VadStream
 from omnivoice.audio.wav import AudioDecodeError
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
-from omnivoice.server.session.input_audio import (
-    BufferFull,
-    InputBuffer,
-    SpeechStarted,
-    SpeechStopped,
-    TurnDetector,
-)
+from omnivoice.server.session.input_audio import BufferFull, InputBuffer, TurnDetector, TurnEvent
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session_config import SessionSettings
 
@@ -97,9 +91,7 @@ class Turns:
             raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
         return self._in.process(pcm)
 
-    async def append(
-        self, pcm: np.ndarray, event_id: str | None = None
-    ) -> list[SpeechStarted | SpeechStopped]:
+    async def append(self, pcm: np.ndarray, event_id: str | None = None) -> list[TurnEvent]:
         """Append mono float32 audio at 16 kHz; with server VAD, the turn detector's events in order."""
         if self._detector is not None and not self._detector.speaking:
             self.buffer.trim(self.buffer.end - self._keep_while_idle())
@@ -132,9 +124,18 @@ class Turns:
             }
         )
 
-    def speech_stopped(self, position: int) -> Item | None:
+    def spoken(self, position: int) -> Item | None:
+        """The turn's audio up to `position` as the user item it would commit, without committing it
+        (the buffer keeps the audio; nothing is sent); None when no turn is being spoken."""
+        if self._speech is None:
+            return None
+        item_id, start = self._speech
+        return _user_item(item_id, self.buffer.peek(start, position))
+
+    def speech_stopped(self, position: int, spoken: Item | None = None) -> Item | None:
         """The detector heard the speech end at `position`: the turn's audio becomes a user item
-        (returned), or None when no turn was being spoken."""
+        (returned), or None when no turn was being spoken. `spoken` (from `spoken`, for this turn) is
+        committed instead: the turn's audio up to an earlier position, its trailing silence left out."""
         if self._speech is None:
             return None
         item_id, start = self._speech
@@ -146,7 +147,11 @@ class Turns:
                 "item_id": item_id,
             }
         )
-        return self._commit(item_id, self.buffer.take(start, position))
+        audio = self.buffer.take(start, position)
+        if spoken is None:
+            return self._commit(_user_item(item_id, audio))
+        assert spoken.id == item_id, "the spoken item of another turn"
+        return self._commit(spoken)
 
     # ---- the client's commit and clear ----------------------------------------------------------
     def commit(self, event_id: str | None) -> Item:
@@ -166,10 +171,10 @@ class Turns:
         audio = self.buffer.take(self.buffer.start, self.buffer.end)
         if self._detector is not None:
             self._detector.reset(self._detector.next_frame)
-        return self._commit(item_id, audio)
+        return self._commit(_user_item(item_id, audio))
 
-    def _commit(self, item_id: str, audio: np.ndarray) -> Item:
-        item = Item(item_id, "user", [Content("input_audio", audio=audio)])
+    def _commit(self, item: Item) -> Item:
+        item_id = item.id
         prev = self._conversation.insert(item)
         self._outbox.put(
             {"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id}
@@ -187,3 +192,7 @@ class Turns:
         if self._detector is not None:
             self._detector.reset(self.buffer.end)
         self._outbox.put({"type": "input_audio_buffer.cleared"})
+
+
+def _user_item(item_id: str, audio: np.ndarray) -> Item:
+    return Item(item_id, "user", [Content("input_audio", audio=audio)])

@@ -43,6 +43,8 @@ class CallParameters(BaseModel):
     # omnivoice extension, for tests and benchmarks on a random-weight model: fixed output lengths
     min_output_tokens: int | None = Field(None, ge=0)
     output_audio_frames: int | None = Field(None, ge=1)
+    # omnivoice extension: the speculative start of each turn's response (default: the profile's)
+    speculative_response: bool | None = None
 
     @classmethod
     def parse(cls, raw: dict[str, str]) -> tuple[CallParameters, list[str]]:
@@ -69,11 +71,13 @@ class CallParameters(BaseModel):
             out["instructions"] = self.instructions
         if self.max_output_tokens is not None:
             out["max_output_tokens"] = self.max_output_tokens
-        if self.min_output_tokens is not None or self.output_audio_frames is not None:
-            out["omnivoice"] = {
-                "min_output_tokens": self.min_output_tokens,
-                "output_audio_frames": self.output_audio_frames,
-            }
+        extension = {
+            "min_output_tokens": self.min_output_tokens,
+            "output_audio_frames": self.output_audio_frames,
+            "speculative_response": self.speculative_response,
+        }
+        if any(v is not None for v in extension.values()):
+            out["omnivoice"] = extension
         return out
 
 

@@ -12,6 +12,8 @@ from omnivoice.audio.vad import FRAME, SileroVad
 from omnivoice.server.session.input_audio import (
     BufferFull,
     InputBuffer,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     TurnDetector,
@@ -51,14 +53,15 @@ def test_turn_detector_on_speech(vad: SileroVad, speech: np.ndarray) -> None:
     audio = np.concatenate([np.zeros(8000, np.float32), speech, np.zeros(16000, np.float32)])
     detector = TurnDetector(TurnDetection(silence_duration_ms=500))
     events = detector.update(vad.stream().process(audio))
-    assert isinstance(events[0], SpeechStarted) and isinstance(events[-1], SpeechStopped)
-    assert [type(e) for e in events] == [
-        SpeechStarted,
-        SpeechStopped,
-    ]  # espeak's short pauses stay in one turn
-    assert abs(events[0].position - 8000) < 3 * FRAME
+    turns = [e for e in events if isinstance(e, SpeechStarted | SpeechStopped)]
+    assert [type(e) for e in turns] == [SpeechStarted, SpeechStopped]  # espeak's short pauses stay in one turn
+    assert abs(turns[0].position - 8000) < 3 * FRAME
     end_of_speech = 8000 + speech.size
-    assert end_of_speech < events[1].position < end_of_speech + 16000
+    assert end_of_speech < turns[1].position < end_of_speech + 16000
+    # every pause but the last is ended by more speech; the last one ends the turn where the speech ended
+    pauses = [e for e in events if isinstance(e, SpeechPaused | SpeechResumed)]
+    assert [type(e) for e in pauses] == [SpeechPaused, SpeechResumed] * (len(pauses) // 2) + [SpeechPaused]
+    assert pauses[-1].position < turns[1].position and abs(pauses[-1].position - end_of_speech) < 8 * FRAME
 
 
 def test_turn_detector_thresholds() -> None:
@@ -66,7 +69,13 @@ def test_turn_detector_thresholds() -> None:
     assert d.update([0.9, 0.1, 0.9]) == []  # one frame is a click, not speech
     assert d.update([0.9]) == [SpeechStarted(2 * FRAME)]
     assert d.update([0.4, 0.4, 0.4]) == []  # between the thresholds: still speaking
-    assert d.update([0.1, 0.1]) == [SpeechStopped(9 * FRAME)]
+    assert d.update([0.1, 0.4, 0.9]) == [SpeechPaused(8 * FRAME), SpeechResumed(9 * FRAME)]
+    assert d.update([0.1, 0.1]) == [SpeechPaused(11 * FRAME), SpeechStopped(12 * FRAME)]
+
+
+def test_a_pause_as_long_as_the_silence_window_ends_the_turn_in_one_update() -> None:
+    d = TurnDetector(TurnDetection(threshold=0.5, silence_duration_ms=32))  # one frame of silence
+    assert d.update([0.9, 0.9, 0.1]) == [SpeechStarted(0), SpeechPaused(3 * FRAME), SpeechStopped(3 * FRAME)]
 
 
 def test_input_buffer_take_trim_and_limit() -> None:
