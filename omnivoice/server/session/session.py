@@ -86,6 +86,12 @@ class Session:
         return self.response is not None
 
     @property
+    def speculation(self) -> Speculation | None:
+        """The turn's response started when the speech paused, until the turn is confirmed or it is
+        dropped."""
+        return self._speculator.current
+
+    @property
     def buffer(self) -> InputBuffer:
         """The input audio buffer (`Turns.buffer`)."""
         return self.turns.buffer
@@ -231,7 +237,7 @@ class Session:
         held until the turn is confirmed (`_turn_ended`) or dropped (the speech resumes)."""
         td = self.settings.turn_detection
         wanted = self.settings.speculative_response and td is not None and td.create_response
-        if not wanted or self.response is not None or self._speculator.active:
+        if not wanted or self.response is not None or self._speculator.current is not None:
             return
         item = self.turns.spoken(position)
         if item is not None:

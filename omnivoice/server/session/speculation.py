@@ -24,7 +24,7 @@ from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session.conversation import Conversation, Item, new_id
 from omnivoice.server.session.generation import ResponsePlan, Started, start_generation
-from omnivoice.types import AudioChunk, EngineOverloaded, TextDelta
+from omnivoice.types import AudioChunk, EngineOutput, EngineOverloaded, TextDelta
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,18 @@ class Speculation:
             return None
         return None if isinstance(made, str) else made  # the response reports why, if confirmed
 
+    @property
+    def held(self) -> tuple[EngineOutput, ...]:
+        """What the request has generated so far, held for the response (empty until it has started)."""
+        started = self._started()
+        return started.ahead.held if started is not None else ()
+
+    def _started(self) -> Started | None:
+        task = self._task
+        if not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
     def confirm(self) -> None:
         """The turn ended where the speculation started: it becomes the turn's response."""
         self._stats.confirmed += 1
@@ -113,27 +125,22 @@ class Speculation:
     async def drop(self) -> None:
         """The turn was not confirmed: abort the request in every stage and count its outputs as wasted
         work; nothing was or will be sent for it."""
-        started = await self._abandon()
+        await self._abandon()
         stats = self._stats
         stats.dropped += 1
-        if started is None:
-            return
-        for out in started.ahead.held:
+        for out in self.held:
             if isinstance(out, TextDelta):
                 stats.wasted_tokens += len(out.token_ids)
             elif isinstance(out, AudioChunk):
                 stats.wasted_audio_s += out.pcm.size / out.sample_rate
 
-    async def _abandon(self) -> Started | None:
+    async def _abandon(self) -> None:
         self._taken = True  # once: a later close() has nothing left to do
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-        if self._task.cancelled() or self._task.exception() is not None:
-            return None
-        started = self._task.result()
+        started = self._started()
         if started is not None:
-            await started.ahead.aclose()
-        return started
+            await started.ahead.aclose()  # what it held stays readable (`held`)
 
 
 class Speculator:
@@ -150,8 +157,8 @@ class Speculator:
         self._current: tuple[Speculation, Slot] | None = None
 
     @property
-    def active(self) -> bool:
-        return self._current is not None
+    def current(self) -> Speculation | None:
+        return self._current[0] if self._current is not None else None
 
     def start(
         self, conversation: Conversation, item: Item, plan: ResponsePlan, warm: asyncio.Task[None] | None

@@ -54,7 +54,10 @@ def test_turn_detector_on_speech(vad: SileroVad, speech: np.ndarray) -> None:
     detector = TurnDetector(TurnDetection(silence_duration_ms=500))
     events = detector.update(vad.stream().process(audio))
     turns = [e for e in events if isinstance(e, SpeechStarted | SpeechStopped)]
-    assert [type(e) for e in turns] == [SpeechStarted, SpeechStopped]  # espeak's short pauses stay in one turn
+    assert [type(e) for e in turns] == [
+        SpeechStarted,
+        SpeechStopped,
+    ]  # espeak's short pauses stay in one turn
     assert abs(turns[0].position - 8000) < 3 * FRAME
     end_of_speech = 8000 + speech.size
     assert end_of_speech < turns[1].position < end_of_speech + 16000
