@@ -35,3 +35,10 @@ def test_load_profile_reports_bad_yaml_and_missing_files(tmp_path) -> None:
     with pytest.raises(ProfileError, match="cannot read"):
         load_profile(tmp_path / "missing.yaml")
     assert load_profile(None) == Profile()
+
+
+def test_the_speculative_response_is_on_by_default_and_can_be_turned_off() -> None:
+    assert Profile().realtime.speculative_response is True
+    assert parse_profile({"realtime": {"speculative_response": False}}).realtime.speculative_response is False
+    with pytest.raises(ProfileError, match=r"realtime\.speculative_responses: unknown key"):
+        parse_profile({"realtime": {"speculative_responses": False}})

@@ -60,3 +60,13 @@ def test_openai_voices_map_to_the_default_and_unknown_voices_fail() -> None:
     with pytest.raises(SettingsError):
         update(s, {"tools": [{"type": "function", "name": "f"}]})
     assert update(s, {"max_output_tokens": "inf"}).max_output_tokens is None
+
+
+def test_the_extension_turns_the_speculative_response_off_and_on() -> None:
+    s = SessionSettings(voice="ethan", speculative_response=False)  # the profile's choice
+    assert update(s, {"omnivoice": {"output_audio_frames": 8}}).speculative_response is False  # unset: kept
+    on = update(s, {"omnivoice": {"speculative_response": True}})
+    assert on.speculative_response is True
+    assert update(on, {"omnivoice": {"speculative_response": False}}).speculative_response is False
+    with pytest.raises(ValueError, match="speculative"):
+        SessionPatch.model_validate({"omnivoice": {"speculative": True}})  # unknown keys are named
