@@ -3,7 +3,10 @@ calls against its Twilio bridge (`--transport twilio`, `/v1/telephony/twilio`).
 
 Reports voice-to-voice latency (end of the caller's speech to the first audio delta, or to the first
 `media` frame over Twilio) p50/p95, its parts (turn detection, response; realtime only), and gaps in
-the output audio (playback stalls).
+the output audio (playback stalls). By default the same load runs twice, with the server's speculative
+responses on and then off (each session asks for it: `session.omnivoice.speculative_response`, or the
+Twilio parameter); each run also reports the speculative responses started, confirmed and dropped and
+the work the dropped ones wasted, read from the server's `/v1/debug/state` before and after it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import soxr
 
@@ -64,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--silence-ms", type=int, default=500, help="server_vad silence_duration_ms")
     a("--max-output-tokens", type=int, default=None, help="session max_output_tokens")
     a("--audio-frames", type=int, default=None, help="omnivoice only: fixed talker frames per response")
+    a(
+        "--speculative",
+        choices=("both", "on", "off", "server"),
+        default="both",
+        help="speculative responses (start a turn's response when the speech pauses): a run with them "
+        "on, then one off (both), one run (on, off), or one run as the server's profile has it",
+    )
     a("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     a("--output-json", type=Path, default=None, help="write the report as JSON here")
     a("--machine", default=None, help="machine description for the report (default: read off this host)")
@@ -110,15 +122,46 @@ def summarize(records: list[TurnRecord], duration_s: float) -> dict[str, Any]:
     }
 
 
+SPECULATION_KEYS = ("started", "confirmed", "dropped", "wasted_tokens", "wasted_audio_seconds")
+
+
+def speculation_counts(base_url: str, api_key: str | None) -> dict[str, float] | None:
+    """The server's speculative-response totals (`/v1/debug/state`), or None if it does not tell."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{base_url.rstrip('/')}/v1/debug/state", headers=headers, timeout=30)
+        counts = r.json().get("speculative_responses") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return {k: counts[k] for k in SPECULATION_KEYS} if isinstance(counts, dict) else None
+
+
+def _difference(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before[k] for k in SPECULATION_KEYS}
+
+
 def format_table(report: dict[str, Any]) -> str:
+    head = (
+        f"realtime ({report.get('transport', 'realtime')}): {report['sessions']} sessions x "
+        f"{report['turns_per_session']} turns, {report['machine']}"
+    )
+    runs = report.get("runs") or {"-": {"summary": report["summary"], "speculation": None}}
+    parts = [head]
+    for name, run in runs.items():
+        if name != "-":
+            parts.append(f"speculative responses: {name}")
+        parts.append(_run_table(run["summary"], run["speculation"]))
+    return "\n".join(parts)
+
+
+def _run_table(s: dict[str, Any], speculation: dict[str, float] | None) -> str:
     def row(name: str, s: dict[str, float | None]) -> str:
         cells = " / ".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "p50", "p95"))
         return f"{name:<28} {cells}"
 
-    s = report["summary"]
     lines = [
-        f"realtime ({report.get('transport', 'realtime')}): {report['sessions']} sessions x "
-        f"{report['turns_per_session']} turns, {report['machine']}",
         f"{'turns ok / errors':<28} {s['turns']} / {s['errors']}",
         "latency ms                   mean / p50 / p95",
         row("voice-to-voice", s["voice_to_voice_ms"]),
@@ -130,6 +173,14 @@ def format_table(report: dict[str, Any]) -> str:
         f"{'audio received s':<28} {s['audio_seconds']:.1f} in {s['duration_s']:.1f} s",
         f"{'response status':<28} {s['statuses']}",
     ]
+    if speculation is not None:
+        c = speculation
+        counts = " / ".join(f"{c[k]:.0f}" for k in ("started", "confirmed", "dropped"))
+        lines.append(f"{'speculative start/conf/drop':<28} {counts}")
+        lines.append(
+            f"{'  wasted (dropped ones)':<28} {c['wasted_tokens']:.0f} tokens, "
+            f"{c['wasted_audio_seconds']:.2f} s of audio"
+        )
     return "\n".join(lines)
 
 
@@ -149,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
         url, caller = f"{root}/v1/telephony/twilio", TwilioCaller
     else:
         url = f"{root}/v1/realtime?model={args.model}"
+    modes: dict[str, bool | None] = {"on": True, "off": False, "server": None}
+    if args.speculative != "both":
+        modes = {args.speculative: modes[args.speculative]}
+    else:
+        modes.pop("server")
     common = dict(
         url=url,
         speech=speech,
@@ -156,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens,
         audio_frames=args.audio_frames,
         api_key=args.api_key,
+        speculative=next(iter(modes.values())),
     )
 
     def progress(r: TurnRecord) -> None:
@@ -186,7 +243,16 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     cfg = RealtimeLoadConfig(sessions=args.sessions, turns=args.turns, ramp_s=args.ramp_s, **common)
-    records, duration = asyncio.run(run_realtime_load(cfg, progress, caller))
+    runs: dict[str, dict[str, Any]] = {}
+    for name, speculative in modes.items():
+        if len(modes) > 1:
+            print(f"speculative responses {name}", file=sys.stderr)
+        before = speculation_counts(args.base_url, args.api_key)
+        records, duration = asyncio.run(
+            run_realtime_load(replace(cfg, speculative=speculative), progress, caller)
+        )
+        after = speculation_counts(args.base_url, args.api_key)
+        runs[name] = {"summary": summarize(records, duration), "speculation": _difference(before, after)}
     report = {
         "kind": "realtime",
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -198,11 +264,13 @@ def run(args: argparse.Namespace) -> int:
         "turns_per_session": args.turns,
         "ramp_s": args.ramp_s,
         "speech_seconds": len(speech) / 2 / RATE,
-        "summary": summarize(records, duration),
+        "speculative": args.speculative,
+        "summary": next(iter(runs.values()))["summary"],  # the first run's (speculative on, by default)
+        "runs": runs,
     }
     print(format_table(report))
     if args.output_json is not None:
         args.output_json.parent.mkdir(parents=True, exist_ok=True)
         args.output_json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.output_json}", file=sys.stderr)
-    return 0 if report["summary"]["turns"] > 0 else 1
+    return 0 if all(run["summary"]["turns"] > 0 for run in runs.values()) else 1

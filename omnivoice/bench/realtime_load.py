@@ -41,6 +41,7 @@ class RealtimeLoadConfig:
     # session i connects i * ramp_s / sessions after the first: independent callers do not all start
     # speaking (and stop) in the same 20 ms, so their turns interleave as real arrivals do
     ramp_s: float = 0.0
+    speculative: bool | None = None  # omnivoice extension: speculative responses (None: the server's)
 
 
 @dataclass
@@ -86,9 +87,14 @@ class _Caller:
         session: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": td}}}
         if self.cfg.max_output_tokens:
             session["max_output_tokens"] = self.cfg.max_output_tokens
+        extension: dict[str, Any] = {}
         if self.cfg.audio_frames:
             tokens = self.cfg.max_output_tokens or 0
-            session["omnivoice"] = {"output_audio_frames": self.cfg.audio_frames, "min_output_tokens": tokens}
+            extension = {"output_audio_frames": self.cfg.audio_frames, "min_output_tokens": tokens}
+        if self.cfg.speculative is not None:
+            extension["speculative_response"] = self.cfg.speculative
+        if extension:
+            session["omnivoice"] = extension
         return session
 
     async def _speak(self, ws: Any) -> None:

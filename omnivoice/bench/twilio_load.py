@@ -104,6 +104,8 @@ class TwilioCaller:
         if self.cfg.audio_frames:
             params["output_audio_frames"] = self.cfg.audio_frames
             params["min_output_tokens"] = self.cfg.max_output_tokens or 0
+        if self.cfg.speculative is not None:
+            params["speculative_response"] = "true" if self.cfg.speculative else "false"
         return {
             "streamSid": self.stream_sid,
             "accountSid": "AC" + "0" * 32,

@@ -33,3 +33,10 @@ def test_two_sessions_report_voice_to_voice_latency(
     assert 0 < v2v["p50"] <= v2v["p95"] < 3000
     assert s["turn_detection_ms"]["p50"] > 0 and s["audio_seconds"] == pytest.approx(0.8, abs=0.01)
     assert "voice-to-voice" in capsys.readouterr().out and "voice-to-voice" in format_table(report)
+    # the same load with the speculative responses on, then off, each with the server's counts
+    on, off = report["runs"]["on"], report["runs"]["off"]
+    assert on["summary"] == s and off["summary"]["turns"] == 2
+    assert on["speculation"]["confirmed"] == 2
+    assert on["speculation"]["started"] == 2 + on["speculation"]["dropped"]
+    assert off["speculation"] == dict.fromkeys(off["speculation"], 0)
+    assert "speculative responses: off" in format_table(report)

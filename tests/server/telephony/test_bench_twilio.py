@@ -25,7 +25,7 @@ def test_two_calls_report_voice_to_first_media_latency(
         args = parser.parse_args(
             ["--base-url", srv.url, "--transport", "twilio", "--sessions", "2", "--turns", "1",
              "--warmups", "0", "--speech-text", "Hello there.", "--silence-ms", "300", "--quiet",
-             "--output-json", str(out)]
+             "--speculative", "on", "--output-json", str(out)]
         )  # fmt: skip
         assert run(args) == 0
         engine = srv.engine
@@ -39,4 +39,5 @@ def test_two_calls_report_voice_to_first_media_latency(
     assert s["audio_seconds"] == pytest.approx(0.8, abs=0.05)  # 4 x 0.1 s per call, in 20 ms frames
     assert s["max_stall_ms"] < 100  # paced frames, no gaps
     assert [r.cache_key is not None for r in engine.requests] == [True, True]
+    assert report["runs"]["on"]["speculation"]["confirmed"] == 2  # the call's parameter asked for it
     assert "realtime (twilio)" in capsys.readouterr().out and "voice-to-voice" in format_table(report)
