@@ -5,7 +5,9 @@ items it commits.
 their decoded audio straight to `append`. With server VAD on, `append` scores the audio (Silero, in a
 worker thread) and returns the turn detector's events in order; the session acts on each (a barge-in,
 a response) and reports it here (`speech_started`, `speech_stopped`), which sends the speech events
-and commits the spoken audio as a user item. Without VAD the client commits (`commit`) or clears
+and commits the spoken audio as a user item. At a pause in the speech, `spoken` gives the turn so far
+as the item it would commit, without committing it (a speculative response is prompted with it, and
+`speech_stopped` commits that same item if the turn ends there). Without VAD the client commits (`commit`) or clears
 (`clear`) the buffer itself. `Turns` knows nothing of responses: the session decides what a turn does.
 """
 
