@@ -317,6 +317,12 @@ class RealtimeConfig(_Strict):
         "it until silence_duration_ms confirms the turn, and abort it if the caller speaks again first; "
         "a session may turn it off (session.omnivoice.speculative_response)",
     )
+    speculative_pause_ms: int = Field(
+        96,
+        ge=0,
+        description="server VAD: silence after speech that counts as a pause and starts a speculative "
+        "response; the shorter gaps between words start none (each would be started and dropped)",
+    )
     webrtc_connect_timeout_s: float = Field(
         15.0, gt=0, description="close a WebRTC call not connected (ICE + DTLS) this long after the answer"
     )

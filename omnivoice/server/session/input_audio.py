@@ -99,17 +99,22 @@ class TurnDetector:
     """server_vad: speech starts after MIN_SPEECH_FRAMES frames at or above `threshold` and stops after
     `silence_duration_ms` of frames below `threshold - 0.15`; frames in between keep the state.
 
-    While speaking, the first silent frame is a pause (`SpeechPaused`): the turn ends there unless a
-    speech frame comes first (`SpeechResumed`) before the silence has lasted `silence_duration_ms`.
-    A pause long enough ends the turn (`SpeechStopped`, after its `SpeechPaused`)."""
+    While speaking, silence lasting `pause_ms` is a pause (`SpeechPaused`, placed at the end of its first
+    silent frame): the turn ends there unless a speech frame comes first (`SpeechResumed`) before the
+    silence has lasted `silence_duration_ms`. A pause long enough ends the turn (`SpeechStopped`, after
+    its `SpeechPaused`). A `pause_ms` of a few frames keeps the gaps between words from counting as
+    pauses (each one starts and drops a speculative response)."""
 
-    def __init__(self, td: TurnDetection, position: int = 0) -> None:
+    def __init__(self, td: TurnDetection, position: int = 0, pause_ms: int = 0) -> None:
         self.td = td
         self.speaking = False
         self.next_frame = position  # absolute position of the next frame to score
         self._run = 0  # consecutive speech frames while idle
         self._silence = 0  # consecutive silent frames while speaking
         self._silence_frames = max(1, -(-td.silence_duration_ms * RATE // 1000 // FRAME))
+        pause_frames = max(1, -(-pause_ms * RATE // 1000 // FRAME))
+        self._pause_frames = min(pause_frames, self._silence_frames)
+        self._pause_at = 0  # end of the first silent frame of the silence under way
 
     def update(self, probs: list[float]) -> list[TurnEvent]:
         events: list[TurnEvent] = []
@@ -123,13 +128,15 @@ class TurnDetector:
                     self.speaking, self._silence = True, 0
                     events.append(SpeechStarted(frame_start - (MIN_SPEECH_FRAMES - 1) * FRAME))
             elif p >= self.td.threshold:
-                if self._silence:
+                if self._silence >= self._pause_frames:
                     events.append(SpeechResumed(frame_start))
                 self._silence = 0
             elif p < low:
                 self._silence += 1
                 if self._silence == 1:
-                    events.append(SpeechPaused(self.next_frame))
+                    self._pause_at = self.next_frame
+                if self._silence == self._pause_frames:
+                    events.append(SpeechPaused(self._pause_at))
                 if self._silence >= self._silence_frames:
                     self.speaking, self._run = False, 0
                     events.append(SpeechStopped(self.next_frame))

@@ -70,7 +70,10 @@ class Session:
         self.conversation = Conversation()
         # a committed buffer becomes one audio part, which may not exceed the server's audio limit
         buffer_s = min(profile.realtime.max_buffer_seconds, profile.server.max_audio_seconds)
-        self.turns = Turns(self.settings, vad.stream(), int(buffer_s * INPUT_RATE), self.conversation, outbox)
+        self.turns = Turns(
+            self.settings, vad.stream(), int(buffer_s * INPUT_RATE), self.conversation, outbox,
+            pause_ms=profile.realtime.speculative_pause_ms,
+        )  # fmt: skip
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         self.response: Response | None = None
         self._slot: Slot | None = None

@@ -7,8 +7,9 @@ worker thread) and returns the turn detector's events in order; the session acts
 a response) and reports it here (`speech_started`, `speech_stopped`), which sends the speech events
 and commits the spoken audio as a user item. At a pause in the speech, `spoken` gives the turn so far
 as the item it would commit, without committing it (a speculative response is prompted with it, and
-`speech_stopped` commits that same item if the turn ends there). Without VAD the client commits (`commit`) or clears
-(`clear`) the buffer itself. `Turns` knows nothing of responses: the session decides what a turn does.
+`speech_stopped` commits that same item if the turn ends there). Without VAD the client commits
+(`commit`) or clears (`clear`) the buffer itself. `Turns` knows nothing of responses: the session
+decides what a turn does.
 """
 
 from __future__ import annotations
@@ -45,13 +46,16 @@ class Turns:
         max_samples: int,
         conversation: Conversation,
         outbox: Outbox,
+        pause_ms: int = 0,
     ) -> None:
         self.settings = settings
+        self._pause_ms = pause_ms  # silence after speech that is a pause (TurnDetector)
         self.buffer = InputBuffer(max_samples)
         self._vad = vad
         self._conversation = conversation
         self._outbox = outbox
-        self._detector = TurnDetector(settings.turn_detection) if settings.turn_detection else None
+        td = settings.turn_detection
+        self._detector = TurnDetector(td, pause_ms=pause_ms) if td else None
         self._speech: tuple[str, int] | None = None  # (item id, audio start) of the turn being spoken
         self._in = StreamResampler(settings.input_format.sample_rate, INPUT_RATE)
 
@@ -69,7 +73,8 @@ class Turns:
             position = self._detector.next_frame if self._detector else self.buffer.end
             if self._detector is None:
                 self._vad.reset()
-            self._detector = TurnDetector(new.turn_detection, position) if new.turn_detection else None
+            td = new.turn_detection
+            self._detector = TurnDetector(td, position, self._pause_ms) if td else None
             self._speech = None
 
     # ---- appending ------------------------------------------------------------------------------

@@ -98,3 +98,13 @@ def test_model_path_is_inside_the_silero_package() -> None:
 
     path = default_model_path()
     assert isinstance(path, Path) and path.name.endswith(".onnx") and "silero_vad" in str(path)
+
+
+def test_gaps_between_words_shorter_than_pause_ms_are_no_pauses() -> None:
+    d = TurnDetector(TurnDetection(threshold=0.5, silence_duration_ms=320), pause_ms=96)  # 3 frames
+    assert d.update([0.9, 0.9]) == [SpeechStarted(0)]
+    assert d.update([0.1, 0.1, 0.9]) == []  # a 64 ms gap between words: no pause, nothing resumed
+    # a 96 ms silence is a pause, placed where the silence began (its first frame's end)
+    assert d.update([0.1, 0.1, 0.1]) == [SpeechPaused(6 * FRAME)]
+    assert d.update([0.9]) == [SpeechResumed(8 * FRAME)]
+    assert d.update([0.1] * 10) == [SpeechPaused(10 * FRAME), SpeechStopped(19 * FRAME)]
