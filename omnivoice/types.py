@@ -7,9 +7,9 @@ Messages between the engine and its stage workers are in `omnivoice.messages`.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -32,9 +32,54 @@ class AudioPart:
 
 
 @dataclass(frozen=True)
+class FunctionSpec:
+    """A function the model may call: its name, what it does, and a JSON schema of its arguments.
+
+    Rendered into the prompt as the chat template renders an OpenAI tool: `{"type": "function",
+    "function": {"name", "description", "parameters"}}`, leaving out what is None.
+    """
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] | None = field(default=None, hash=False)  # a JSON schema object
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call of a function by the model: `arguments` is the JSON text of the arguments object, as the
+    model wrote it; `id` pairs the call with the tool message that answers it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The functions a request offers the model, and how it must use them.
+
+    choice "auto": the model may answer or call functions; "required": it must call at least one;
+    with `function` set it must call that one. `parallel`: it may call several in one response.
+    """
+
+    functions: tuple[FunctionSpec, ...]
+    choice: Literal["auto", "required"] = "auto"
+    function: str | None = None
+    parallel: bool = True
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    """One turn of a conversation.
+
+    An assistant turn may hold the calls it made (`tool_calls`, its text parts then optional); a
+    `tool` turn is a function's result, text only, answering the call `tool_call_id`.
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
     parts: tuple[TextPart | AudioPart, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +134,9 @@ class GenerationRequest:
     route: tuple[int, int, int] = (0, 0, 0)
     # Only prefill the prompt into the prefix cache (early start while the user speaks); no output.
     prefill_only: bool = False
+    # Functions the model may call: its text is then split into what it says (TextDelta) and the
+    # calls it writes (ToolCallDelta, ToolCallDone); None: its text is all said.
+    tools: Tools | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +144,30 @@ class TextDelta:
     request_id: str
     token_ids: tuple[int, ...]
     text: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a function call as the thinker writes it. A call's first piece has its `call_id`,
+    `name` and empty `arguments`; the next ones add argument text (concatenated, they are the
+    arguments' JSON text). `index` numbers the response's calls from 0."""
+
+    request_id: str
+    index: int
+    call_id: str
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDone:
+    """A function call the thinker finished writing. `error` says why its text is not a call of the
+    form the prompt asks for (not JSON, no name, cut short...): `call` then holds what was written."""
+
+    request_id: str
+    index: int
+    call: ToolCall
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +200,7 @@ class Finished:
     error: str | None = None
 
 
-EngineOutput = TextDelta | AudioChunk | Finished
+EngineOutput = TextDelta | ToolCallDelta | ToolCallDone | AudioChunk | Finished
 
 
 class EngineOverloaded(Exception):
