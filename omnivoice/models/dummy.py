@@ -23,7 +23,8 @@ import torch
 from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
 from omnivoice.config import DUMMY_MODELS, DUMMY_PREFIX
-from omnivoice.models.loader import ModelSpec
+from omnivoice.models.dummy_tokenizer import added_token_id
+from omnivoice.models.loader import TOOL_CALL_TOKEN, ModelSpec
 from omnivoice.models.tiny import init_talker_moe
 
 # Ids of the real Qwen tokenizer that config.json does not record.
@@ -174,7 +175,13 @@ def dummy_config(source: DummySource) -> Qwen3OmniMoeConfig:
 
 def dummy_spec(source: DummySource) -> ModelSpec:
     """The engine's ModelSpec of `source`, from its config alone (no weights built)."""
-    return ModelSpec.from_config(dummy_config(source), endoftext_id=ENDOFTEXT_ID)
+    return _spec(dummy_config(source))
+
+
+def _spec(config: Qwen3OmniMoeConfig) -> ModelSpec:
+    # ids of the tokenizer that config.json does not record, at the real vocabulary's places
+    tool_call = added_token_id(TOOL_CALL_TOKEN)
+    return ModelSpec.from_config(config, endoftext_id=ENDOFTEXT_ID, tool_call_id=tool_call)
 
 
 @contextmanager
@@ -205,4 +212,4 @@ def build_dummy_model(
         model = Qwen3OmniMoeForConditionalGeneration(config)
         init_talker_moe(model)  # transformers leaves the talker's experts torch.empty
     model.eval().requires_grad_(False)
-    return model, ModelSpec.from_config(config, endoftext_id=ENDOFTEXT_ID)
+    return model, _spec(config)

@@ -30,14 +30,10 @@ from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Tokenizer, WhisperFeatureExtractor
 
 from omnivoice.models.build_cache import build_once
-from omnivoice.models.tiny import (
-    CHAT_TEMPLATE,
-    EXTRA_SPECIAL_TOKENS,
-    tiny_feature_extractor,
-    train_corpus_bpe,
-)
+from omnivoice.models.chat_template import qwen3_omni_chat_template
+from omnivoice.models.tiny import EXTRA_SPECIAL_TOKENS, tiny_feature_extractor, train_corpus_bpe
 
-TOKENIZER_VERSION = "dummy-tokenizer-v1"  # bump whenever the recipe below changes: the cache is keyed by it
+TOKENIZER_VERSION = "dummy-tokenizer-v2"  # bump whenever the recipe below changes: the cache is keyed by it
 FIRST_ADDED_ID = 151643
 # Qwen3-Omni's added tokens in id order from FIRST_ADDED_ID, each with whether it is special (control
 # tokens, skipped when decoding with skip_special_tokens) or a plain added token (tool and think tags).
@@ -56,6 +52,14 @@ ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 # Words the chat format writes after <|im_start|>, at their ids in the real vocabulary.
 ROLE_IDS: Mapping[str, int] = MappingProxyType({"user": 872, "system": 8948, "assistant": 77091})
 LEARNED_MERGES = 768  # merges learned from the corpus: enough for every role name to be one token
+
+
+def added_token_id(token: str) -> int:
+    """The id of one of Qwen3-Omni's added tokens (KeyError for another string)."""
+    for i, (added, _) in enumerate(ADDED_TOKENS):
+        if added == token:
+            return FIRST_ADDED_ID + i
+    raise KeyError(f"{token!r} is not one of the added tokens")
 
 
 def byte_symbols() -> list[str]:
@@ -103,7 +107,7 @@ def build_dummy_tokenizer() -> Qwen2Tokenizer:
     # Added tokens are matched whole before BPE (never split); special ones are skipped in decoding.
     tokenizer.add_special_tokens({"extra_special_tokens": [t for t, special in ADDED_TOKENS[1:] if special]})
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, s in ADDED_TOKENS if not s])
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = qwen3_omni_chat_template()
     _check(tokenizer)
     return tokenizer
 
@@ -128,7 +132,7 @@ def _write(folder: Path) -> None:
 def ensure_dummy_tokenizer(cache_dir: Path | str | None = None) -> Path:
     """The folder holding the dummy's tokenizer and feature extractor, built on first use.
 
-    `<cache_dir>/dummy-tokenizer-v1` (default cache dir: ~/.cache/omnivoice), written whole or not at
+    `<cache_dir>/dummy-tokenizer-v2` (default cache dir: ~/.cache/omnivoice), written whole or not at
     all (see `build_cache.build_once`).
     """
     return build_once(cache_dir, TOKENIZER_VERSION, "preprocessor_config.json", _write)

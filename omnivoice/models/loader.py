@@ -30,6 +30,7 @@ INPUT_SAMPLE_RATE = 16000
 # transformers' generate() suppresses the top 1024 talker ids (codec control tokens) except codec eos.
 TALKER_SPECIAL_SPAN = 1024
 ENDOFTEXT_TOKEN = "<|endoftext|>"
+TOOL_CALL_TOKEN = "<tool_call>"  # opens a function call in the thinker's text (Hermes form)
 
 
 def audio_token_count(num_mel_frames: int, n_window: int) -> int:
@@ -79,13 +80,19 @@ class ModelSpec:
     num_mel_bins: int
     output_sample_rate: int = OUTPUT_SAMPLE_RATE
     input_sample_rate: int = INPUT_SAMPLE_RATE
+    # `<tool_call>`, the token that opens a function call: the talker gets no text from it on (None:
+    # the vocabulary has no such token)
+    tool_call_id: int | None = None
 
     @classmethod
-    def from_config(cls, config: Qwen3OmniMoeConfig, endoftext_id: int | None = None) -> ModelSpec:
+    def from_config(
+        cls, config: Qwen3OmniMoeConfig, endoftext_id: int | None = None, tool_call_id: int | None = None
+    ) -> ModelSpec:
         """Read the spec from a checkpoint config.
 
         `endoftext_id` (the tokenizer's `<|endoftext|>`, not recorded in config.json) joins `<|im_end|>`
-        as a thinker stop token when given; `from_pretrained` looks it up.
+        as a thinker stop token when given; `tool_call_id` is the tokenizer's `<tool_call>`, likewise
+        not in config.json. `from_pretrained` looks both up.
         """
         thinker = _sub_config(config, "thinker_config")
         talker = _sub_config(config, "talker_config")
@@ -120,14 +127,17 @@ class ModelSpec:
             samples_per_frame=math.prod(code2wav.upsample_rates) * math.prod(code2wav.upsampling_ratios),
             n_window=thinker.audio_config.n_window,
             num_mel_bins=thinker.audio_config.num_mel_bins,
+            tool_call_id=tool_call_id,
         )
 
     @classmethod
     def from_pretrained(cls, path: Path | str) -> ModelSpec:
-        """Read the spec from a checkpoint folder: config.json plus the tokenizer's `<|endoftext|>` id."""
+        """Read the spec from a checkpoint folder: config.json plus the tokenizer's `<|endoftext|>` and
+        `<tool_call>` ids."""
         config = Qwen3OmniMoeConfig.from_pretrained(path, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        return cls.from_config(config, endoftext_id=_endoftext_id(tokenizer))
+        endoftext, tool_call = _token_id(tokenizer, ENDOFTEXT_TOKEN), _token_id(tokenizer, TOOL_CALL_TOKEN)
+        return cls.from_config(config, endoftext_id=endoftext, tool_call_id=tool_call)
 
     @property
     def talker_suppressed_ids(self) -> tuple[int, ...]:
@@ -179,8 +189,9 @@ def _checkpoint_dir(path: Path | str) -> Path:
     return path
 
 
-def _endoftext_id(tokenizer: PreTrainedTokenizerBase) -> int | None:
-    token_id = tokenizer.convert_tokens_to_ids(ENDOFTEXT_TOKEN)
+def _token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int | None:
+    """The id of `token` as one whole token of the vocabulary, else None."""
+    token_id = tokenizer.convert_tokens_to_ids(token)
     return token_id if isinstance(token_id, int) and token_id != tokenizer.unk_token_id else None
 
 

@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import (
     Qwen2Tokenizer,
     Qwen3OmniMoeConfig,
@@ -27,34 +27,27 @@ from transformers import (
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
 from omnivoice.models.build_cache import build_once
+from omnivoice.models.chat_template import qwen3_omni_chat_template
 from omnivoice.models.tiny_corpus import CORPUS
 
-TINY_VERSION = "tiny-v1"  # bump whenever the recipe below changes: cached builds are keyed by it
+TINY_VERSION = "tiny-v2"  # bump whenever the recipe below changes: cached builds are keyed by it
 TEXT_VOCAB_SIZE = 1024
 # In the real tokenizer's relative order; they take the top ids of the vocab.
 SPECIAL_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|image_pad|>", "<|video_pad|>", "<|audio_start|>", "<|audio_end|>", "<|tts_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<tool_response>",
+    "</tool_response>", "<think>", "</think>", "<|audio_start|>", "<|audio_end|>", "<|tts_pad|>",
     "<|tts_bos|>", "<|tts_eos|>", "<|audio_pad|>",
 )  # fmt: skip
+# Added tokens that are plain text, as in the real tokenizer: matched whole before BPE, but kept when
+# decoding with skip_special_tokens, so a tool call's tags reach the text the client gets.
+TEXT_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 # Attribute names the real Qwen3-Omni tokenizer exposes (tokenizer.audio_token, ...).
 EXTRA_SPECIAL_TOKENS = MappingProxyType({
     "image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
     "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
     "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>",
 })  # fmt: skip
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
-    "{%- if part['type'] == 'audio' %}{{- '<|audio_start|><|audio_pad|><|audio_end|>' }}"
-    "{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
-    "{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 CODEC_IDS = MappingProxyType({  # the real checkpoint's codec control ids
     "codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150,
     "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157,
@@ -81,7 +74,8 @@ def train_corpus_bpe(vocab_size: int) -> Tokenizer:
 
 
 def build_tiny_tokenizer() -> Qwen2Tokenizer:
-    """Train a 1024-token byte-level BPE (Qwen2 pre-tokenizer) on the built-in corpus, offline."""
+    """Train a 1024-token byte-level BPE (Qwen2 pre-tokenizer) on the built-in corpus, offline; it
+    carries Qwen3-Omni's chat template."""
     bpe = train_corpus_bpe(TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS))
     vocab = bpe.get_vocab()
     first_special = TEXT_VOCAB_SIZE - len(SPECIAL_TOKENS)
@@ -100,9 +94,12 @@ def build_tiny_tokenizer() -> Qwen2Tokenizer:
         extra_special_tokens=dict(EXTRA_SPECIAL_TOKENS),
         model_max_length=32768,
     )
-    # Register the rest as special added tokens: matched whole before BPE, never split.
-    tokenizer.add_special_tokens({"extra_special_tokens": list(SPECIAL_TOKENS[1:])})
-    tokenizer.chat_template = CHAT_TEMPLATE
+    # Register the rest as added tokens: matched whole before BPE, never split; the control tokens are
+    # special (skipped when decoding with skip_special_tokens), the tags plain text.
+    specials = [t for t in SPECIAL_TOKENS[1:] if t not in TEXT_TAGS]
+    tokenizer.add_special_tokens({"extra_special_tokens": specials})
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in TEXT_TAGS])
+    tokenizer.chat_template = qwen3_omni_chat_template()
     ids = tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))
     if ids != list(range(first_special, TEXT_VOCAB_SIZE)):
         raise RuntimeError(f"special tokens landed on unexpected ids {ids}")
@@ -261,7 +258,7 @@ def build_tiny_checkpoint(path: Path, seed: int = 0) -> None:
 def ensure_tiny_checkpoint(cache_dir: Path | None = None) -> Path:
     """Return the cached tiny checkpoint's folder, building it on first use.
 
-    It lives in `<cache_dir>/tiny-v1` (default cache dir: ~/.cache/omnivoice), written as
+    It lives in `<cache_dir>/tiny-v2` (default cache dir: ~/.cache/omnivoice), written as
     `build_cache.build_once` writes (whole or not at all, one copy when processes race). Within one
     process, build from one thread at a time: model init draws from torch's global RNG.
     """

@@ -73,6 +73,7 @@ def test_role_names_and_newline_are_the_real_single_tokens(parts: Parts) -> None
 def test_the_configs_ids_are_the_tokenizers(parts: Parts) -> None:
     tid = parts[0].convert_tokens_to_ids
     c = dummy_config(FULL)
+    assert dummy_spec(FULL).tool_call_id == tid("<tool_call>") == REAL_IDS["<tool_call>"]
     th: Any = c.thinker_config  # typed loosely by transformers: a config object
     assert (c.im_start_token_id, c.im_end_token_id) == (tid("<|im_start|>"), tid("<|im_end|>"))
     assert (c.tts_pad_token_id, c.tts_bos_token_id, c.tts_eos_token_id) == (

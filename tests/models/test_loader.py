@@ -33,6 +33,7 @@ def test_spec_matches_the_tokenizer(loaded, tiny_checkpoint: Path) -> None:
         tid("<|tts_bos|>"), tid("<|tts_eos|>"), tid("<|tts_pad|>"),
     )  # fmt: skip
     assert spec.thinker_eos_ids == (tid("<|im_end|>"), tid("<|endoftext|>"))
+    assert spec.tool_call_id == tid("<tool_call>")
 
 
 def test_spec_reads_codec_side_and_sizes(loaded) -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
 
+from omnivoice.models.chat_template import qwen3_omni_chat_template
 from omnivoice.models.tiny import (
     SPECIAL_TOKENS,
     TEXT_VOCAB_SIZE,
@@ -104,6 +105,10 @@ def test_tokenizer_reloads_offline(tiny_checkpoint: Path) -> None:
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.chat_template == qwen3_omni_chat_template()  # the real template, tools included
+    # the tool and think tags are plain added tokens, as in the real vocabulary: kept when decoding
+    ids = tokenizer.encode("<tool_call>\n{}\n</tool_call><think></think>", add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "<tool_call>\n{}\n</tool_call><think></think>"
 
 
 def test_feature_extractor_is_the_real_front_end(tiny_checkpoint: Path) -> None:
