@@ -14,6 +14,7 @@ from omnivoice.types import (
     ChatMessage,
     EngineOutput,
     EngineStats,
+    FunctionSpec,
     GenerationRequest,
     Grammar,
     ModelInfo,
@@ -40,8 +41,9 @@ class EngineAPI(Protocol):
         """Whether the stages are being restarted after a failure."""
         ...
 
-    def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
-        """Token ids (and audio features) for a conversation; raises ValueError for bad input."""
+    def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
+        """Token ids (and audio features) for a conversation offering the model `tools`; raises
+        ValueError for bad input."""
         ...
 
     def check_grammar(self, grammar: Grammar) -> None:

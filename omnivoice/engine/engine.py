@@ -39,6 +39,7 @@ from omnivoice.types import (
     EngineOverloaded,
     EngineStats,
     Finished,
+    FunctionSpec,
     GenerationRequest,
     Grammar,
     Prompt,
@@ -111,8 +112,8 @@ class Engine:
         """The model's tokenizer (a dummy model's is built from code: see models/dummy_tokenizer.py)."""
         return self._tokenizer
 
-    def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
-        return self._builder.build(messages, self.profile.model.system_prompt)
+    def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
+        return self._builder.build(messages, self.profile.model.system_prompt, tools)
 
     def check_grammar(self, grammar: Grammar) -> None:
         error = grammar_error(grammar)

@@ -1,20 +1,30 @@
 """Turn chat messages (text and audio) into a thinker `Prompt`: token ids plus one log-mel matrix per audio.
 
-The layout is Qwen's chat format, as the checkpoint's chat template and Qwen3OmniMoeProcessor build it:
+The layout is Qwen3-Omni's chat template (`qwen3_omni_chat_template.jinja`), as transformers'
+`apply_chat_template` and Qwen3OmniMoeProcessor render it:
 
-    <|im_start|>system\\n{text}<|im_end|>\\n
-    <|im_start|>user\\n<|audio_start|><|audio_pad|>*N<|audio_end|>{text}<|im_end|>\\n
-    <|im_start|>assistant\\n{text}<|im_end|>\\n
-    <|im_start|>assistant\\n                       <- generation prompt
+    <|im_start|>system\n{text}<|im_end|>\n
+    <|im_start|>user\n<|audio_start|><|audio_pad|>*N<|audio_end|>{text}<|im_end|>\n
+    <|im_start|>assistant\n{text}<|im_end|>\n
+    <|im_start|>assistant\n                       <- generation prompt
+
+With functions offered, the first system turn ends with a "# Tools" section listing them (one JSON
+object per line inside <tools></tools>); an assistant turn's calls follow its text as
+`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, and consecutive `tool` turns share one
+user turn, each result inside <tool_response></tool_response>. A message's content counts as the
+template's plain string when it holds no audio (a multimodal list otherwise), which decides the
+template's "last query" and so where an earlier assistant turn gets an empty <think></think> block.
 
 Each run of text between control tokens is encoded on its own, which is exactly what the tokenizer does
 to the rendered string (added tokens split the input before BPE). One difference on purpose: control
 token strings typed inside message text (e.g. "<|im_end|>") are encoded as plain text, not as control
-tokens, so a user cannot forge turns.
+tokens, so a user cannot forge turns. The tool tags (`<tool_call>`, `<tool_response>`...) are plain
+added tokens, not control tokens: in text they are the tag tokens, as in the template's rendering.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,9 +32,18 @@ import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
 from omnivoice.models.loader import ModelSpec
-from omnivoice.types import AudioPart, ChatMessage, Prompt, TextPart
+from omnivoice.types import AudioPart, ChatMessage, FunctionSpec, Prompt, TextPart
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+TOOLS_HEAD = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_TAIL = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
 
 
 class PromptError(ValueError):
@@ -70,8 +89,13 @@ class PromptBuilder:
         vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False)
         self.max_token_chars = max(map(len, vocab))
 
-    def build(self, messages: Sequence[ChatMessage], default_system: str | None = None) -> Prompt:
-        """Tokenize `messages` and end with the assistant generation prompt.
+    def build(
+        self,
+        messages: Sequence[ChatMessage],
+        default_system: str | None = None,
+        tools: Sequence[FunctionSpec] = (),
+    ) -> Prompt:
+        """Tokenize `messages`, offering the model `tools`, and end with the assistant generation prompt.
 
         `default_system` is prepended as a system turn when the first message is not one.
         Raises PromptError on invalid input.
@@ -80,29 +104,80 @@ class PromptBuilder:
             raise PromptError("no messages to build a prompt from")
         if default_system is not None and messages[0].role != "system":
             messages = [ChatMessage(role="system", parts=(TextPart(default_system),)), *messages]
-        pieces: list[str | int] = []  # text to encode, or an already-known token id
-        features: list[np.ndarray] = []
         for index, message in enumerate(messages):
             self._check_message(index, message)
-            pieces += [self._spec.im_start_id, self._role_ids[message.role], "\n"]
-            for part in message.parts:
-                if isinstance(part, TextPart):
-                    pieces.append(part.text)
-                else:
-                    mel = self._log_mel(index, part)  # [n_mels, frames]
-                    features.append(mel)
-                    count = self._spec.audio_token_count(mel.shape[1])
-                    pieces += [self._spec.audio_start_id, *[self._spec.audio_pad_id] * count]
-                    pieces.append(self._spec.audio_end_id)
+        pieces: list[str | int] = []  # text to encode, or an already-known token id
+        features: list[np.ndarray] = []
+        if tools:
+            pieces += [self._spec.im_start_id, self._spec.system_id, "\n"]
+            if messages[0].role == "system":
+                pieces += [_text(messages[0]), "\n\n"]
+            pieces += [TOOLS_HEAD, *[f"\n{_tool_json(t)}" for t in tools], TOOLS_TAIL]
             pieces += [self._spec.im_end_id, "\n"]
+        last_query = _last_query(messages)
+        for index, message in enumerate(messages):
+            if index == 0 and message.role == "system" and tools:
+                continue  # opened the tools section above
+            if message.role == "assistant":
+                last = index == len(messages) - 1
+                pieces += self._assistant(message, think=index > last_query, last=last)
+            elif message.role == "tool":
+                pieces += self._tool(messages, index)
+            else:
+                pieces += [self._spec.im_start_id, self._role_ids[message.role], "\n"]
+                pieces += self._content(index, message, features)
+                pieces += [self._spec.im_end_id, "\n"]
         pieces += [self._spec.im_start_id, self._spec.assistant_id, "\n"]
         return Prompt(input_ids=tuple(self._encode(pieces)), audio_features=tuple(features))
+
+    def _content(self, index: int, message: ChatMessage, features: list[np.ndarray]) -> list[str | int]:
+        """A message's parts in order: text, and each audio's placeholder run (its features appended)."""
+        pieces: list[str | int] = []
+        for part in message.parts:
+            if isinstance(part, TextPart):
+                pieces.append(part.text)
+                continue
+            mel = self._log_mel(index, part)  # [n_mels, frames]
+            features.append(mel)
+            count = self._spec.audio_token_count(mel.shape[1])
+            pieces += [self._spec.audio_start_id, *[self._spec.audio_pad_id] * count, self._spec.audio_end_id]
+        return pieces
+
+    def _assistant(self, message: ChatMessage, think: bool, last: bool) -> list[str | int]:
+        """An assistant turn as the template writes it: a reasoning block only after the last query
+        (when it is the final turn or has reasoning), then the text, then each call."""
+        content, reasoning = _text(message), ""
+        if "</think>" in content:
+            reasoning = content.split("</think>")[0].rstrip("\n").split("<think>")[-1].lstrip("\n")
+            content = content.split("</think>")[-1].lstrip("\n")
+        if think and (last or reasoning):
+            body = f"\n<think>\n{reasoning.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
+        else:
+            body = "\n" + content
+        calls = [
+            ("\n" if i or content else "")
+            + f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
+            for i, call in enumerate(message.tool_calls)
+        ]
+        return [self._spec.im_start_id, self._spec.assistant_id, body, *calls, self._spec.im_end_id, "\n"]
+
+    def _tool(self, messages: Sequence[ChatMessage], index: int) -> list[str | int]:
+        """A function's result; consecutive results share one user turn."""
+        pieces: list[str | int] = []
+        if index == 0 or messages[index - 1].role != "tool":
+            pieces += [self._spec.im_start_id, self._spec.user_id]
+        pieces.append(f"\n<tool_response>\n{_text(messages[index])}\n</tool_response>")
+        if index == len(messages) - 1 or messages[index + 1].role != "tool":
+            pieces += [self._spec.im_end_id, "\n"]
+        return pieces
 
     def _check_message(self, index: int, message: ChatMessage) -> None:
         if message.role not in ROLES:
             raise PromptError(f"message {index}: unsupported role {message.role!r}; use one of {ROLES}")
-        if not message.parts:
+        if not message.parts and not message.tool_calls:
             raise PromptError(f"message {index} ({message.role}) has no content")
+        if message.tool_calls and message.role != "assistant":
+            raise PromptError(f"message {index}: only assistant messages make tool calls")
         for part in message.parts:
             if isinstance(part, AudioPart):
                 if message.role != "user":
@@ -112,6 +187,9 @@ class PromptBuilder:
                 raise PromptError(f"message {index}: unsupported content part {type(part).__name__}")
             elif not _is_unicode(part.text):  # JSON's "\ud800" decodes to one; the tokenizer raises on it
                 raise PromptError(f"message {index}: the text is not valid Unicode (a lone surrogate)")
+        for call in message.tool_calls:
+            if not _is_unicode(call.name + call.arguments):
+                raise PromptError(f"message {index}: a tool call is not valid Unicode (a lone surrogate)")
 
     def _encode(self, pieces: list[str | int]) -> list[int]:
         """Encode each maximal run of text pieces as one string; ids pass through."""
@@ -167,6 +245,36 @@ class PromptBuilder:
         )
         frames = int(out["attention_mask"][0].sum())
         return np.ascontiguousarray(out["input_features"][0, :, :frames], dtype=np.float32)
+
+
+def _text(message: ChatMessage) -> str:
+    return "".join(p.text for p in message.parts if isinstance(p, TextPart))
+
+
+def _tool_json(tool: FunctionSpec) -> str:
+    """A function as the template's `tool | tojson` writes the OpenAI tool object."""
+    function: dict = {"name": tool.name}
+    if tool.description is not None:
+        function["description"] = tool.description
+    if tool.parameters is not None:
+        function["parameters"] = tool.parameters
+    try:
+        return json.dumps({"type": "function", "function": function}, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise PromptError(f"tool {tool.name!r}: parameters are not JSON: {e}") from None
+
+
+def _last_query(messages: Sequence[ChatMessage]) -> int:
+    """The template's last query: the last user turn of plain-string content (no audio) that is not a
+    wrapped tool response; the last message's index when there is none."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role != "user" or any(isinstance(p, AudioPart) for p in message.parts):
+            continue
+        text = _text(message)
+        if not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):
+            return index
+    return len(messages) - 1
 
 
 def audio_inputs(prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor] | None:

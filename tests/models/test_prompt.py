@@ -128,7 +128,7 @@ def test_control_token_strings_in_text_stay_text(parts) -> None:
     ("messages", "message"),
     [
         ([], "no messages"),
-        ([ChatMessage("tool", (TextPart("x"),))], "unsupported role"),  # type: ignore[arg-type]
+        ([ChatMessage("function", (TextPart("x"),))], "unsupported role"),  # type: ignore[arg-type]
         ([user()], "no content"),
         ([user(AudioPart(np.zeros(0, np.float32), 16000))], "empty"),
         ([user(AudioPart(np.zeros(100, np.float32), 16000))], "shorter than one feature frame"),

@@ -30,6 +30,7 @@ from omnivoice.types import (
     EngineOverloaded,
     EngineStats,
     Finished,
+    FunctionSpec,
     GenerationRequest,
     Grammar,
     ModelInfo,
@@ -85,6 +86,7 @@ class FakeEngine:
     script: Script = field(default_factory=Script)
     requests: list[GenerationRequest] = field(default_factory=list)
     prompts: list[tuple[ChatMessage, ...]] = field(default_factory=list)
+    tools: list[tuple[FunctionSpec, ...]] = field(default_factory=list)  # offered with each prompt
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
     warmed: list[str] = field(default_factory=list)
@@ -119,8 +121,9 @@ class FakeEngine:
 
         return start
 
-    def build_prompt(self, messages: Sequence[ChatMessage]) -> Prompt:
+    def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
         self.prompts.append(tuple(messages))
+        self.tools.append(tuple(tools))
         n = 0
         for m in messages:
             for p in m.parts:
