@@ -42,6 +42,7 @@ class _Seq:
     max_tokens: int
     prompt_len: int
     sampled: int = 0  # tokens queued so far (read back or not)
+    talking: bool = True  # the talker still takes this request's tokens (until a function call opens)
     generated: list[int] = field(default_factory=list)  # tokens read back
     # kept only for requests with a cache_key: what a prefix-cache entry needs per position
     keys: list = field(default_factory=list)
@@ -359,11 +360,12 @@ class ThinkerRunner:
                     reason = "error"
                 elif q.counts[b] >= seq.max_tokens:
                     reason = "length"
-                if seq.request.want_audio:
+                if seq.request.want_audio and seq.talking:
                     assert embeds is not None
-                    outs.append(
-                        self._talker_chunk(seq, token, embeds[b : b + 1], reason is not None, prompt_rows[b])
-                    )
+                    # The talker never speaks a function call: its text ends where the call opens.
+                    seq.talking = token != self.spec.tool_call_id
+                    final = reason is not None or not seq.talking
+                    outs.append(self._talker_chunk(seq, token, embeds[b : b + 1], final, prompt_rows[b]))
                 if reason is not None:
                     n = len(seq.generated)
                     outs.append(StageFinished(rid, "thinker", reason, n, seq.prompt_len, error))
@@ -381,8 +383,9 @@ class ThinkerRunner:
         prompt: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> ThinkerChunk:
         # The final token is never fed through the thinker, so the talker never sees it (as in
-        # transformers' generate()): the chunk that reports the end carries no token. A request's
-        # first chunk also brings its prompt.
+        # transformers' generate()): the chunk that reports the end carries no token, nor does the one
+        # that ends the talker's text at a function call. A request's first chunk also brings its
+        # prompt.
         rid = seq.request.request_id
         ids: tuple[int, ...] = () if final else (token,)
         embeds = None if final else embed  # [1, H]
