@@ -1,7 +1,9 @@
 """Per-request bookkeeping of the engine: a request's output queue, detokenizer and stage results.
 
 The dispatcher thread hands each stage output of a request to its `RequestState`, which turns it into
-what the caller's iterator yields (text deltas, audio chunks) and says when the request is complete.
+what the caller's iterator yields (text deltas, function calls, audio chunks) and says when the
+request is complete. A request that offers functions has its text parsed as it streams: what is said
+goes out as TextDelta, the calls as ToolCallDelta and ToolCallDone, in text order.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.messages import PcmOutput, StageFinished, TokenOutput
+from omnivoice.models.tool_calls import ParsedOutput, ToolCallParser
 from omnivoice.types import (
     AudioChunk,
     EngineOutput,
@@ -34,12 +37,30 @@ class RequestState:
         self.audio: StageFinished | None = None
         self.audio_index = 0
         self.done = False
+        self.parser = ToolCallParser(request.request_id) if request.tools else None
 
     def emit(self, out: EngineOutput) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
     def on_tokens(self, msg: TokenOutput) -> None:
-        self.emit(TextDelta(msg.request_id, msg.token_ids, self.detok.add(msg.token_ids)))
+        text = self.detok.add(msg.token_ids)
+        if self.parser is None:
+            self.emit(TextDelta(msg.request_id, msg.token_ids, text))
+        else:
+            self._emit_parsed(msg.token_ids, self.parser.feed(text))
+
+    def _emit_parsed(self, token_ids: tuple[int, ...], outputs: list[ParsedOutput]) -> None:
+        """The parser's outputs in order, said text as TextDelta; the step's token ids ride on its
+        first TextDelta (an empty one when all of the step's text is in a call)."""
+        rid = self.request.request_id
+        for out in outputs:
+            if isinstance(out, str):
+                self.emit(TextDelta(rid, token_ids, out))
+                token_ids = ()
+            else:
+                self.emit(out)
+        if token_ids:
+            self.emit(TextDelta(rid, token_ids, ""))
 
     def on_pcm(self, msg: PcmOutput, sample_rate: int) -> None:
         self.emit(AudioChunk(msg.request_id, self.audio_index, msg.pcm, sample_rate))
@@ -51,7 +72,9 @@ class RequestState:
         if msg.stage == "thinker":
             self.thinker = msg
             tail = self.detok.flush()
-            if tail:
+            if self.parser is not None:
+                self._emit_parsed((), self.parser.feed(tail) + self.parser.finish())
+            elif tail:
                 self.emit(TextDelta(msg.request_id, (), tail))
         elif msg.stage == "talker":
             self.talker = msg  # whether the audio ran to its end code or was cut at a frame limit
