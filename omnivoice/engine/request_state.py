@@ -3,7 +3,8 @@
 The dispatcher thread hands each stage output of a request to its `RequestState`, which turns it into
 what the caller's iterator yields (text deltas, function calls, audio chunks) and says when the
 request is complete. A request that offers functions has its text parsed as it streams: what is said
-goes out as TextDelta, the calls as ToolCallDelta and ToolCallDone, in text order.
+goes out as TextDelta, the calls as ToolCallDelta and ToolCallDone, in text order (only the first
+call when the request allows no parallel calls).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RequestState:
         self.audio_index = 0
         self.done = False
         self.parser = ToolCallParser(request.request_id) if request.tools else None
+        self.max_calls = None if request.tools is None or request.tools.parallel else 1
 
     def emit(self, out: EngineOutput) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
@@ -57,7 +59,7 @@ class RequestState:
             if isinstance(out, str):
                 self.emit(TextDelta(rid, token_ids, out))
                 token_ids = ()
-            else:
+            elif self.max_calls is None or out.index < self.max_calls:
                 self.emit(out)
         if token_ids:
             self.emit(TextDelta(rid, token_ids, ""))

@@ -24,7 +24,8 @@ from omnivoice.types import (
     Tools,
 )
 
-ANSWER = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ANSWER = "Sure.\n" + CALL
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +33,11 @@ def tokenizer(tiny_checkpoint: Path):
     return load_processor_parts(tiny_checkpoint)[0]
 
 
-async def outputs(tokenizer, tools: Tools | None) -> list[EngineOutput]:
-    """Feed ANSWER's tokens one by one, then the thinker's end, as the dispatcher does."""
+async def outputs(tokenizer, tools: Tools | None, answer: str = ANSWER) -> list[EngineOutput]:
+    """Feed the answer's tokens one by one, then the thinker's end, as the dispatcher does."""
     request = GenerationRequest("r1", Prompt((1, 2, 3)), want_audio=False, tools=tools)
     state = RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(tokenizer))
-    ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    ids = tokenizer.encode(answer, add_special_tokens=False)
     for token in ids:
         state.on_tokens(TokenOutput("r1", (token,)))
     assert state.on_stage_finished(StageFinished("r1", "thinker", "stop", len(ids), 3)) == "stop"
@@ -65,3 +66,11 @@ async def test_without_functions_the_text_is_all_said(tokenizer) -> None:
     got = await outputs(tokenizer, None)
     assert all(isinstance(o, TextDelta) for o in got)
     assert "".join(o.text for o in got if isinstance(o, TextDelta)) == ANSWER
+
+
+async def test_without_parallel_calls_only_the_first_is_made(tokenizer) -> None:
+    functions = (FunctionSpec("get_weather"),)
+    both = await outputs(tokenizer, Tools(functions), ANSWER + "\n" + CALL)
+    assert [o.index for o in both if isinstance(o, ToolCallDone)] == [0, 1]
+    one = await outputs(tokenizer, Tools(functions, parallel=False), ANSWER + "\n" + CALL)
+    assert {o.index for o in one if isinstance(o, ToolCallDelta | ToolCallDone)} == {0}
