@@ -38,6 +38,9 @@ from omnivoice.types import (
     StageStats,
     TextDelta,
     TextPart,
+    ToolCall,
+    ToolCallDelta,
+    ToolCallDone,
     Usage,
 )
 
@@ -67,6 +70,8 @@ class Script:
     delay: float = 0.01  # seconds between outputs
     finish_reason: Literal["stop", "length", "abort", "error"] = "stop"
     raise_after: int | None = None  # raise RuntimeError after this many outputs
+    # (name, arguments) of the calls made after the text, by requests that offer functions
+    tool_calls: tuple[tuple[str, str], ...] = ()
 
 
 class AlwaysAdmit:
@@ -175,10 +180,22 @@ class FakeEngine:
             if i < n_audio:
                 pcm = np.full(s.chunk_samples, 0.25 if i % 2 else -0.25, np.float32)
                 outs.append(AudioChunk(rid, i, pcm, SAMPLE_RATE))
+        if request.tools is not None:
+            outs += self._calls(rid)
         usage = Usage(len(request.prompt.input_ids), len(s.texts), audio_frames=n_audio * 2)
         outs.append(
             Finished(rid, s.finish_reason, usage, error="boom" if s.finish_reason == "error" else None)
         )  # type: ignore[arg-type]
+        return outs
+
+    def _calls(self, rid: str) -> list[EngineOutput]:
+        """Each scripted call as the engine streams one: its name, its arguments in two pieces, done."""
+        outs: list[EngineOutput] = []
+        for i, (name, arguments) in enumerate(self.script.tool_calls):
+            call_id, half = f"call_{rid[-6:]}_{i}", len(arguments) // 2
+            outs.append(ToolCallDelta(rid, i, call_id, name, ""))
+            outs += [ToolCallDelta(rid, i, call_id, None, a) for a in (arguments[:half], arguments[half:])]
+            outs.append(ToolCallDone(rid, i, ToolCall(call_id, name, arguments)))
         return outs
 
     async def abort(self, request_id: str) -> None:

@@ -1,4 +1,5 @@
-"""`POST /v1/chat/completions`: admission, validation, then the engine's outputs as JSON or SSE.
+"""`POST /v1/chat/completions`: admission, validation, then the engine's outputs as JSON or SSE
+(`chat.respond`).
 
 The response shapes (OpenAI SDK + vLLM-Omni compatible) are documented in `chat.format`.
 A request ends in exactly one `omnivoice_requests_total{status}`: ok, cancelled (client left or
@@ -13,17 +14,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from typing import Any
 
-import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
-from omnivoice.server.chat.format import ChunkWriter, Turn, completion_body, encode_audio
+from omnivoice.server.chat.format import Turn
+from omnivoice.server.chat.respond import complete, stream
 from omnivoice.server.chat.schema import (
     ChatRequest,
     check_room,
@@ -33,26 +32,19 @@ from omnivoice.server.chat.schema import (
     prompt_texts,
     to_engine_messages,
 )
-from omnivoice.server.chat.sse import DONE, EventStreamResponse, run_unless_disconnected, sse_event
+from omnivoice.server.chat.sse import DONE, EventStreamResponse, sse_event
 from omnivoice.server.errors import (
     APIError,
     bad_request,
-    internal_error,
     not_found,
     read_json_object,
     server_overloaded,
     shutting_down,
 )
-from omnivoice.server.metrics import RequestTimer
 from omnivoice.types import (
-    AudioChunk,
-    EngineOverloaded,
-    Finished,
     GenerationRequest,
     Prompt,
     Sampling,
-    TextDelta,
-    Usage,
     text_exceeds,
 )
 
@@ -82,7 +74,7 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
         timer = state.metrics.start_request()
         if req.stream:
             handed_off = True  # the response releases the slot when it ends, however it ends
-            events = _stream(engine, gen, turn, timer, rid)
+            events = stream(engine, gen, turn, timer, rid)
             return EventStreamResponse(
                 events,
                 on_close=slot.release,
@@ -91,7 +83,7 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
                 farewell=sse_event(shutting_down().body()) + DONE,
                 label=f"request {rid}",
             )
-        return await _complete(request, engine, gen, turn, timer)
+        return await complete(request, engine, gen, turn, timer)
     except Exception as e:
         if timer is not None:
             timer.finish("error")  # no-op if the request already recorded its outcome
@@ -136,6 +128,7 @@ async def _prepare(
         voice=voice,
         thinker=_thinker_sampling(req, profile),
         talker=_talker_sampling(req, profile),
+        tools=req.offered_tools,
     )
     return req, gen, turn
 
@@ -168,8 +161,9 @@ def _request_and_prompt(
             f"{info.max_prompt_tokens} tokens can hold"
         )
     messages = to_engine_messages(req, profile.server.max_audio_seconds)
+    tools = req.offered_tools
     try:
-        prompt = engine.build_prompt(messages)
+        prompt = engine.build_prompt(messages, tools.functions if tools else ())
     except ValueError as e:  # the engine's PromptError: a user-facing message
         raise bad_request(str(e), param="messages") from None
     if len(prompt.input_ids) > info.max_prompt_tokens:
@@ -203,116 +197,3 @@ def _talker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
         raise bad_request(message, param="max_audio_frames")
     min_frames = min(req.min_audio_frames or 0, max_frames)
     return d.for_request(max_tokens=max_frames, min_tokens=min_frames, seed=req.seed)
-
-
-async def _complete(
-    request: Request, engine: EngineAPI, gen: GenerationRequest, turn: Turn, timer: RequestTimer
-) -> Response:
-    """Non-streaming: collect everything; a client that disconnects meanwhile aborts the request."""
-    rid = request.state.request_id
-    stop = request.app.state.drain.expired
-    try:
-        result = await run_unless_disconnected(request.receive, _collect(engine, gen, timer), stop)
-    except EngineOverloaded as e:  # filled up between the check and the start: rare
-        timer.finish("rejected")
-        raise server_overloaded(str(e)) from None
-    if result is None:
-        timer.finish("cancelled")
-        if stop.is_set():
-            log.info("request %s: the server is shutting down; aborted %s", rid, gen.request_id)
-            raise shutting_down()
-        log.info("request %s: client disconnected; aborted %s", rid, gen.request_id)
-        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-    text, pcm, rate, fin = result
-    usage = fin.usage
-    if fin.finish_reason not in ("stop", "length"):
-        timer.finish("error", usage.prompt_tokens, usage.completion_tokens)
-        log.warning("request %s: %s ended with %s: %s", rid, gen.request_id, fin.finish_reason, fin.error)
-        raise internal_error(fin.error or f"generation ended with {fin.finish_reason}")
-    timer.finish("ok", usage.prompt_tokens, usage.completion_tokens)
-    _log_done(rid, gen.request_id, "ok", timer)
-    audio_b64 = encode_audio(pcm, rate, turn.audio_format) if turn.want_audio else None
-    return JSONResponse(completion_body(turn, text, audio_b64, fin.finish_reason, usage))
-
-
-async def _collect(
-    engine: EngineAPI, gen: GenerationRequest, timer: RequestTimer
-) -> tuple[str, np.ndarray, int, Finished]:
-    texts: list[str] = []
-    pcm: list[np.ndarray] = []
-    rate = engine.info.sample_rate
-    async with aclosing(engine.generate(gen)) as outputs:  # closing early aborts in every stage
-        async for out in outputs:
-            if isinstance(out, TextDelta):
-                texts.append(out.text)
-                timer.text()
-            elif isinstance(out, AudioChunk):
-                pcm.append(out.pcm)
-                rate = out.sample_rate
-                timer.audio(out.pcm.size / out.sample_rate)
-            elif isinstance(out, Finished):
-                audio = np.concatenate(pcm) if pcm else np.zeros(0, np.float32)
-                return "".join(texts), audio, rate, out
-    raise RuntimeError("the engine's output ended without Finished")
-
-
-async def _stream(
-    engine: EngineAPI, gen: GenerationRequest, turn: Turn, timer: RequestTimer, rid: str
-) -> AsyncGenerator[bytes, None]:
-    """SSE events of one request; closing this generator early aborts the engine request."""
-    writer = ChunkWriter(turn)
-    status, usage = "cancelled", Usage()
-    transcript: list[str] = []  # audio-only: text waiting to ride on the next audio chunk
-    outputs = engine.generate(gen)
-    try:
-        async for out in outputs:
-            if isinstance(out, TextDelta) and out.text:
-                if turn.want_text:
-                    yield sse_event(writer.text(out.text))
-                    timer.text()
-                else:
-                    transcript.append(out.text)
-            elif isinstance(out, AudioChunk) and turn.want_audio:
-                b64 = encode_audio(out.pcm, out.sample_rate, turn.audio_format)
-                yield sse_event(writer.audio(b64, "".join(transcript)))
-                transcript.clear()
-                timer.audio(out.pcm.size / out.sample_rate)
-            elif isinstance(out, Finished):
-                usage = out.usage
-                if out.finish_reason in ("stop", "length"):
-                    status = "ok"
-                    yield sse_event(writer.end(out.finish_reason, "".join(transcript)))
-                    if turn.include_usage:
-                        yield sse_event(writer.usage(usage))
-                else:
-                    status = "error"
-                    log.warning(
-                        "request %s: %s ended with %s: %s", rid, gen.request_id, out.finish_reason, out.error
-                    )
-                    yield sse_event(internal_error(out.error or f"generation {out.finish_reason}").body())
-                yield DONE
-                break
-    except EngineOverloaded as e:  # filled up between the check and the start: rare
-        status = "rejected"
-        yield sse_event(server_overloaded(str(e)).body())
-        yield DONE
-    except Exception:
-        status = "error"
-        log.exception("request %s: streaming %s failed", rid, gen.request_id)
-        yield sse_event(internal_error().body())
-        yield DONE
-    finally:
-        await outputs.aclose()
-        timer.finish(status, usage.prompt_tokens, usage.completion_tokens)
-        _log_done(rid, gen.request_id, status, timer)
-
-
-def _log_done(rid: str, engine_id: str, status: str, timer: RequestTimer) -> None:
-    log.info(
-        "request %s: %s %s ttft=%s first_audio=%s audio=%.2fs",
-        rid, engine_id, status, _ms(timer.first_text), _ms(timer.first_audio), timer.audio_s,
-    )  # fmt: skip
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f}ms"

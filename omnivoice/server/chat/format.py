@@ -30,6 +30,13 @@ each with a top-level `modality` ("text" | "audio") as vLLM-Omni's benchmark exp
   chunks; the transcript rides on the audio chunks as `delta.audio.transcript`. A failure mid-stream
   is sent as `data: {"error": {...}}` (the `openai` SDK raises it as an APIError), then `[DONE]`.
 
+Function calls: the message's `tool_calls` (`[{id, type: "function", function: {name, arguments}}]`)
+with `finish_reason: "tool_calls"`; streamed, OpenAI's deltas: a call's first chunk
+`{tool_calls: [{index, id, type: "function", function: {name, arguments: ""}}]}`, then
+`{tool_calls: [{index, function: {arguments: PIECE}}]}` as its arguments arrive (`modality: "text"`).
+The talker never speaks a call: a response that is only calls has no audio (`message.audio` null,
+no second choice).
+
 Usage: `completion_tokens` counts text tokens only (so tok/s compares with vLLM-Omni's benchmark);
 codec frames are reported in `completion_tokens_details.audio_tokens`.
 """
@@ -43,7 +50,7 @@ from typing import Any, Literal
 import numpy as np
 
 from omnivoice.audio import encode_wav, pcm16_bytes
-from omnivoice.types import Usage
+from omnivoice.types import ToolCall, ToolCallDelta, Usage
 
 AUDIO_TTL_S = 24 * 3600
 
@@ -80,14 +87,26 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
-def completion_body(turn: Turn, text: str, audio_b64: str | None, finish_reason: str, usage: Usage) -> dict:
-    """The non-streaming response (see the module docstring)."""
+def completion_body(
+    turn: Turn,
+    text: str,
+    audio_b64: str | None,
+    finish_reason: str,
+    usage: Usage,
+    tool_calls: tuple[ToolCall, ...] = (),
+) -> dict:
+    """The non-streaming response (see the module docstring); `audio_b64` None: no audio was made."""
     message: dict[str, Any] = {"role": "assistant", "content": text if turn.want_text else None}
+    if tool_calls:
+        message["content"] = message["content"] or None
+        message["tool_calls"] = [tool_call_body(c) for c in tool_calls]
     choices = [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}]
-    if turn.want_audio:
+    if turn.want_audio and audio_b64 is None:
+        message["audio"] = None
+    elif turn.want_audio:
         audio = {
             "id": turn.audio_id,
-            "data": audio_b64 or "",
+            "data": audio_b64,
             "expires_at": turn.created + AUDIO_TTL_S,
             "transcript": text,
         }
@@ -105,6 +124,10 @@ def completion_body(turn: Turn, text: str, audio_b64: str | None, finish_reason:
         "choices": choices,
         "usage": usage_body(usage),
     }
+
+
+def tool_call_body(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 class ChunkWriter:
@@ -136,6 +159,15 @@ class ChunkWriter:
         if transcript:
             audio["transcript"] = transcript
         return self._chunk("audio", {"content": b64, "audio": audio})
+
+    def tool_call(self, delta: ToolCallDelta) -> dict:
+        """A call's first chunk (id, name) or a piece of its arguments."""
+        if delta.name is not None:
+            function = {"name": delta.name, "arguments": delta.arguments}
+            call = {"index": delta.index, "id": delta.call_id, "type": "function", "function": function}
+        else:
+            call = {"index": delta.index, "function": {"arguments": delta.arguments}}
+        return self._chunk("text", {"tool_calls": [call]})
 
     def end(self, finish_reason: str, transcript: str | None = None) -> dict:
         delta = {"audio": {"id": self.turn.audio_id, "transcript": transcript}} if transcript else {}

@@ -1,11 +1,12 @@
 """The `/v1/chat/completions` request: pydantic models and their conversion to engine messages.
 
 Keys that only describe the request (`user`, `metadata`, `store`, `name`, `service_tier`, vLLM
-extras, ...) are tolerated; every key we act on is validated, and what this model cannot do (tool
-messages, images, video, n > 1) fails with a 400 naming the offending field. OpenAI parameters that
-ask for something this server does not do (`tools`, `logprobs`, `stop`, ...; see
+extras, ...) are tolerated; every key we act on is validated, and what this model cannot do (images,
+video, n > 1) fails with a 400 naming the offending field. Function calling (`tools`, `tool_choice`,
+`parallel_tool_calls`, and the history's tool turns) is in `chat.tools`. OpenAI parameters that ask
+for something this server does not do (`logprobs`, `stop`, the legacy `functions`...; see
 UNSUPPORTED) are refused with a 400 `unsupported_parameter` naming them, unless their value asks for
-nothing (null, `false`, `0`, `[]`, `tool_choice: "none"`...), as SDKs and careful clients send.
+nothing (null, `false`, `0`, `[]`...), as SDKs and careful clients send.
 `response_format` (`text`, `json_object`, `json_schema`) becomes the grammar the thinker's answer is
 held to (`response_grammar`).
 Extensions for fixed-length benchmarks: `min_tokens` and `ignore_eos` (as in vLLM) for the text,
@@ -17,17 +18,26 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from omnivoice.audio import AudioDecodeError, decode_base64_audio
+from omnivoice.server.chat.content import ContentPart, Lenient, TextContent, engine_part
+from omnivoice.server.chat.tools import (
+    ToolCallIn,
+    ToolChoice,
+    ToolDef,
+    check_tool_turn,
+    check_tools,
+    offered_tools,
+    tool_choice_shape,
+    tool_texts,
+    tool_turn_error,
+)
 from omnivoice.server.errors import APIError, bad_request
-from omnivoice.types import AudioPart, ChatMessage, Grammar, TextPart
+from omnivoice.types import ChatMessage, Grammar, ToolCall, Tools
 
 _UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
 # OpenAI parameters this server does not implement, each with the values that ask for nothing.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),  # "auto" without tools chooses none
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "logprobs": (None, False),
@@ -41,48 +51,19 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "reasoning_effort": (None,),
 }
 MAX_PROBLEMS = 5  # validation problems listed in an error message
+ENGINE_ROLES: dict[str, Literal["system", "user", "assistant", "tool"]] = {
+    "system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+}  # fmt: skip
 # A prompt spends at least this many tokens on each message: <|im_start|>, the role, "\n", <|im_end|>, "\n".
 MESSAGE_TOKENS = 5
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class TextContent(_Lenient):
-    type: Literal["text"]
-    text: str
-
-
-class InputAudio(_Lenient):
-    data: str
-    format: str = "wav"  # checked when decoding, so the error can list what is supported
-
-
-class InputAudioContent(_Lenient):
-    type: Literal["input_audio"]
-    input_audio: InputAudio
-
-
-class AudioURL(_Lenient):
-    url: str
-
-
-class AudioURLContent(_Lenient):
-    """vLLM's `audio_url` part; only `data:audio/wav;base64,...` URLs (the server fetches nothing)."""
-
-    type: Literal["audio_url"]
-    audio_url: AudioURL
-
-
-ContentPart = Annotated[TextContent | InputAudioContent | AudioURLContent, Field(discriminator="type")]
-
-
-class Message(_Lenient):
+class Message(Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: list[ContentPart] | None = None
-    tool_calls: list[Any] | None = None  # refused unless empty: no tool calling
-    function_call: Any = None
+    tool_calls: list[ToolCallIn] | None = None  # assistant only
+    tool_call_id: str | None = None  # tool only: the call it answers
+    function_call: Any = None  # the legacy form: refused
 
     @field_validator("content", mode="before")
     @classmethod
@@ -99,24 +80,24 @@ class Message(_Lenient):
         return v
 
 
-class AudioOutput(_Lenient):
+class AudioOutput(Lenient):
     voice: str | None = None
     format: Literal["wav", "pcm16"] = "wav"
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class TextFormat(_Lenient):
+class TextFormat(Lenient):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Lenient):
+class JsonObjectFormat(Lenient):
     type: Literal["json_object"]
 
 
-class JsonSchemaSpec(_Lenient):
+class JsonSchemaSpec(Lenient):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]+$", max_length=64)
     description: str | None = None
     # `schema` would shadow BaseModel.schema(); the JSON key is still "schema"
@@ -124,7 +105,7 @@ class JsonSchemaSpec(_Lenient):
     strict: bool | None = None  # the schema is enforced either way
 
 
-class JsonSchemaFormat(_Lenient):
+class JsonSchemaFormat(Lenient):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -132,7 +113,7 @@ class JsonSchemaFormat(_Lenient):
 ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")]
 
 
-class ChatRequest(_Lenient):
+class ChatRequest(Lenient):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     modalities: list[Literal["text", "audio"]] | None = Field(None, max_length=2)
@@ -151,6 +132,9 @@ class ChatRequest(_Lenient):
     min_audio_frames: int | None = Field(None, ge=0)
     max_audio_frames: int | None = Field(None, ge=1)
     response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("modalities")
     @classmethod
@@ -158,6 +142,8 @@ class ChatRequest(_Lenient):
         if v is not None and (not v or len(set(v)) != len(v)):
             raise ValueError('must be ["text"], ["audio"] or ["text", "audio"]')
         return v
+
+    _tool_choice = field_validator("tool_choice", mode="before")(tool_choice_shape)
 
     @field_validator("n")
     @classmethod
@@ -197,6 +183,11 @@ class ChatRequest(_Lenient):
             return Grammar("json_schema", json.dumps(fmt.json_schema.schema_, ensure_ascii=False))
         return None
 
+    @property
+    def offered_tools(self) -> Tools | None:
+        """The functions the model is offered, and how it must use them (None: none)."""
+        return offered_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+
 
 def check_room(body: dict[str, Any], max_tokens: int) -> None:
     """Refuse, before validating the body, more messages or content parts than a prompt of at most
@@ -229,12 +220,14 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         if name in body and body[name] not in nothing:
             raise unsupported(name)
     try:
-        return ChatRequest.model_validate(body)
+        req = ChatRequest.model_validate(body)
     except ValidationError as err:
         problems = [(_loc(e["loc"]), _msg(e)) for e in err.errors()]
         shown = [f"{loc}: {msg}" if loc else msg for loc, msg in problems[:MAX_PROBLEMS]]
         more = f" (and {len(problems) - MAX_PROBLEMS} more)" if len(problems) > MAX_PROBLEMS else ""
         raise bad_request("; ".join(shown) + more, param=problems[0][0] or None) from None
+    check_tools(req.tools, req.tool_choice)
+    return req
 
 
 def unsupported(param: str) -> APIError:
@@ -260,57 +253,36 @@ def _msg(e: Any) -> str:
 def to_engine_messages(req: ChatRequest, max_audio_seconds: float) -> tuple[ChatMessage, ...]:
     """Map OpenAI messages to engine messages, decoding audio; raises a 400 APIError."""
     out = []
+    call_ids: set[str] = set()  # of the calls made so far: a tool message answers one of them
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
-        if m.role in ("tool", "function"):
-            raise bad_request(f"{where}: role {m.role!r} is not supported (no tool calling)", param=where)
-        if m.tool_calls or m.function_call is not None:
-            raise unsupported(f"{where}.{'tool_calls' if m.tool_calls else 'function_call'}")
-        if not m.content:
+        if m.role == "function":
+            raise bad_request(f"{where}: role 'function' is not supported; use 'tool'", param=where)
+        if m.function_call is not None:
+            raise unsupported(f"{where}.function_call")
+        if m.tool_calls and m.role != "assistant":
+            raise tool_turn_error(where, "only assistant messages make tool calls", ".tool_calls")
+        if m.role == "tool":
+            check_tool_turn(where, m.tool_call_id, call_ids)
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ())
+        call_ids.update(c.id for c in calls)
+        if not m.content and not calls:
             raise bad_request(f"{where}: content is required", param=f"{where}.content")
-        if m.role == "assistant" and any(not isinstance(p, TextContent) for p in m.content):
-            raise bad_request(f"{where}: assistant content must be text", param=f"{where}.content")
-        parts = tuple(_part(p, f"{where}.content[{j}]", max_audio_seconds) for j, p in enumerate(m.content))
-        role: Literal["system", "user", "assistant"] = (
-            "user" if m.role == "user" else "assistant" if m.role == "assistant" else "system"
-        )
-        out.append(ChatMessage(role=role, parts=parts))
+        if m.role in ("assistant", "tool") and any(not isinstance(p, TextContent) for p in m.content or ()):
+            raise bad_request(f"{where}: {m.role} content must be text", param=f"{where}.content")
+        content = enumerate(m.content or ())
+        parts = tuple(engine_part(p, f"{where}.content[{j}]", max_audio_seconds) for j, p in content)
+        role = ENGINE_ROLES[m.role]
+        out.append(ChatMessage(role=role, parts=parts, tool_calls=calls, tool_call_id=m.tool_call_id))
     return tuple(out)
 
 
 def prompt_texts(req: ChatRequest) -> list[str]:
-    """The text of every message, as the prompt will hold it."""
-    return [p.text for m in req.messages for p in m.content or () if isinstance(p, TextContent)]
-
-
-def _part(p: ContentPart, where: str, max_audio_seconds: float) -> TextPart | AudioPart:
-    if isinstance(p, TextContent):
-        return TextPart(p.text)
-    try:
-        if isinstance(p, InputAudioContent):
-            pcm, rate = decode_base64_audio(p.input_audio.data, p.input_audio.format)
-        else:
-            pcm, rate = decode_base64_audio(*_parse_audio_data_url(p.audio_url.url))
-    except AudioDecodeError as e:
-        raise bad_request(f"{where}: {e}", param=where, code="invalid_audio") from None
-    if pcm.size == 0:
-        raise bad_request(f"{where}: the audio has no samples", param=where, code="invalid_audio")
-    seconds = pcm.size / rate
-    if seconds > max_audio_seconds:
-        message = f"{where}: audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s"
-        raise bad_request(message, param=where, code="audio_too_long")
-    return AudioPart(pcm=pcm, sample_rate=rate)
-
-
-def _parse_audio_data_url(url: str) -> tuple[str, str]:
-    """`data:audio/wav;base64,XXXX` -> (XXXX, "wav")."""
-    head, sep, data = url.partition(",")
-    if not (url.startswith("data:") and sep and head.endswith(";base64")):
-        raise AudioDecodeError("audio_url must be a base64 data URL (data:audio/wav;base64,...)")
-    mime = head[len("data:") : -len(";base64")].lower()
-    if mime not in ("audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"):
-        raise AudioDecodeError(f"unsupported audio_url type {mime!r}; send audio/wav")
-    return data, "wav"
+    """The text of every message, the offered functions and the history's calls, as the prompt will
+    hold them."""
+    texts = [p.text for m in req.messages for p in m.content or () if isinstance(p, TextContent)]
+    calls = [c for m in req.messages for c in m.tool_calls or ()]
+    return texts + tool_texts(req.offered_tools, calls)
 
 
 def check_voice(voice: str, voices: tuple[str, ...]) -> None:
