@@ -20,6 +20,7 @@ from omnivoice.types import (
     ModelInfo,
     Prompt,
     StageStats,
+    Tools,
 )
 
 
@@ -49,6 +50,12 @@ class EngineAPI(Protocol):
     def check_grammar(self, grammar: Grammar) -> None:
         """Raise ValueError (a message for the client) if `grammar` cannot constrain the thinker: a JSON
         schema or grammar that does not compile. Special tokens it names are checked by the thinker."""
+        ...
+
+    def check_tools(self, tools: Tools) -> None:
+        """Raise ValueError (a message for the client) if the call `tools` require cannot be enforced:
+        a function's parameters schema that does not compile. `generate` holds the thinker to a
+        call whenever a request's tools require one."""
         ...
 
     def overloaded(self, request: GenerationRequest) -> str | None:

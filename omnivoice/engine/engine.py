@@ -32,6 +32,7 @@ from omnivoice.messages import Abort, ForgetPrefix, NewRequest, PcmOutput, Stage
 from omnivoice.models.dummy import DummySource
 from omnivoice.models.grammars import grammar_error
 from omnivoice.models.token_prompt import newline_id
+from omnivoice.models.tool_calls import call_grammar
 from omnivoice.types import (
     STAGES,
     ChatMessage,
@@ -44,6 +45,7 @@ from omnivoice.types import (
     Grammar,
     Prompt,
     StageStats,
+    Tools,
 )
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,11 @@ class Engine:
         if error is not None:
             raise ValueError(error)
 
+    def check_tools(self, tools: Tools) -> None:
+        grammar = call_grammar(tools)
+        if grammar is not None:
+            self.check_grammar(grammar)
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._closed:
             raise RuntimeError("engine is closed")
@@ -128,6 +135,9 @@ class Engine:
         rid = request.request_id
         if request.prefill_only and request.want_audio:
             raise ValueError("a prefill-only request produces no audio")
+        grammar = call_grammar(request.tools) if request.tools else None
+        if grammar is not None:  # a required call: the thinker is held to one (over response_format)
+            request = replace(request, thinker=replace(request.thinker, grammar=grammar))
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"duplicate request id {rid}")

@@ -13,6 +13,8 @@ text is dropped. A call written otherwise than `{"name": ..., "arguments": ...}`
 order, extra keys) is read whole at its closing tag; one that is no such JSON object is not a call:
 its text goes out as said text. A call cut short (the response ended inside it), or whose arguments
 are not one complete JSON value, ends with `ToolCallDone.error` saying so.
+
+`call_grammar` is what holds the thinker to a call when the request requires one.
 """
 
 from __future__ import annotations
@@ -22,10 +24,23 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from omnivoice.types import ToolCall, ToolCallDelta, ToolCallDone
+from omnivoice.models.grammars import tool_call_grammar
+from omnivoice.types import Grammar, ToolCall, ToolCallDelta, ToolCallDone, Tools
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ParsedOutput = str | ToolCallDelta | ToolCallDone
+
+
+def call_grammar(tools: Tools) -> Grammar | None:
+    """The grammar that makes the thinker call a function when `tools` require it: any of them
+    ("required"; several calls if parallel) or the one named (one call of it). None: "auto"."""
+    if tools.choice != "required":
+        return None
+    chosen = [f for f in tools.functions if tools.function in (None, f.name)]
+    if not chosen:
+        raise ValueError(f"no function named {tools.function!r} is offered")
+    parameters = {f.name: dict(f.parameters or {}) for f in chosen}
+    return tool_call_grammar(parameters, tools.parallel and tools.function is None)
 
 
 def new_call_id() -> str:

@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.api import EngineAPI
 from omnivoice.models.grammars import grammar_error
+from omnivoice.models.tool_calls import call_grammar
 from omnivoice.server import create_app
 from omnivoice.types import (
     AudioChunk,
@@ -41,6 +42,7 @@ from omnivoice.types import (
     ToolCall,
     ToolCallDelta,
     ToolCallDone,
+    Tools,
     Usage,
 )
 
@@ -144,6 +146,11 @@ class FakeEngine:
         error = grammar_error(grammar)  # the real engine's check: it needs no model
         if error is not None:
             raise ValueError(error)
+
+    def check_tools(self, tools: Tools) -> None:
+        grammar = call_grammar(tools)  # the real engine's check, likewise
+        if grammar is not None:
+            self.check_grammar(grammar)
 
     def overloaded(self, request: GenerationRequest) -> str | None:
         if self.capacity is not None and len(self.running) >= self.capacity:

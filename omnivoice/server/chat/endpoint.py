@@ -162,6 +162,12 @@ def _request_and_prompt(
         )
     messages = to_engine_messages(req, profile.server.max_audio_seconds)
     tools = req.offered_tools
+    if tools is not None:
+        try:
+            engine.check_tools(tools)  # a required call is enforced with the functions' schemas
+        except ValueError as e:
+            message = f"tools: the parameters cannot be used: {e}"
+            raise bad_request(message, param="tools", code="invalid_schema") from None
     try:
         prompt = engine.build_prompt(messages, tools.functions if tools else ())
     except ValueError as e:  # the engine's PromptError: a user-facing message
