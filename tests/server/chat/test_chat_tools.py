@@ -154,3 +154,14 @@ def test_tools_that_cannot_be_offered_are_refused(
     error = r.json()["error"]
     assert error["param"] == param and needle in error["message"], error
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_required_call_with_a_schema_that_cannot_be_enforced_is_refused(srv: FakeServer) -> None:
+    town = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"properties": {"x": {"type": "town"}}}},
+    }
+    body = {"messages": USER, "tools": [town], "tool_choice": "required"}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json=body, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert r.json()["error"]["code"] == "invalid_schema" and "town" in r.json()["error"]["message"]
