@@ -362,8 +362,9 @@ class ThinkerRunner:
                     reason = "length"
                 if seq.request.want_audio and seq.talking:
                     assert embeds is not None
-                    # The talker never speaks a function call: its text ends where the call opens.
-                    seq.talking = token != self.spec.tool_call_id
+                    # The talker never speaks a function call: its text ends where one opens (in a
+                    # request that offers functions; without, the text is all said, as written).
+                    seq.talking = token != self.spec.tool_call_id or seq.request.tools is None
                     final = reason is not None or not seq.talking
                     outs.append(self._talker_chunk(seq, token, embeds[b : b + 1], final, prompt_rows[b]))
                 if reason is not None:

@@ -1,7 +1,8 @@
-"""The talker never speaks a function call: from the thinker's `<tool_call>` token on, the talker stage
-is handed no token of the request, its text ends there, and a response that opens with a call has no
-audio. The tiny model is steered to write `<tool_call>` at a chosen step (greedy decoding, a logit
-bonus on that one step); what the talker stage is given is observed as it is handed over."""
+"""The talker never speaks a function call: in a request that offers functions, from the thinker's
+`<tool_call>` token on the talker stage is handed no token of the request, its text ends there, and a
+response that opens with a call has no audio (a request without functions has its text all said).
+The tiny model is steered to write `<tool_call>` at a chosen step (greedy decoding, a logit bonus on
+that one step); what the talker stage is given is observed as it is handed over."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from omnivoice.config import parse_profile
 from omnivoice.messages import CodecChunk, NewRequest, StageFinished, ThinkerChunk, TokenOutput
 from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners.factory import build_runners
-from omnivoice.types import GenerationRequest
+from omnivoice.types import FunctionSpec, GenerationRequest, Tools
 
 TOKENS = 12  # the thinker writes this many tokens (no end token before)
 
@@ -34,7 +35,11 @@ def runners(tiny_checkpoint: Path):
     built = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
     cfg = EngineLoadConfig(1, 1, 0, prompt_tokens=24, text_tokens=TOKENS, audio_frames=40)
     (made,) = make_requests(profile, built[("thinker", 0)].spec, cfg, NEWLINE_ID, 1, "tools")
-    request = replace(made, thinker=replace(made.thinker, min_tokens=TOKENS, max_tokens=TOKENS))
+    request = replace(
+        made,
+        thinker=replace(made.thinker, min_tokens=TOKENS, max_tokens=TOKENS),
+        tools=Tools((FunctionSpec("get_weather"),)),
+    )
     return built[("thinker", 0)], built[("talker", 0)], request
 
 
@@ -101,3 +106,13 @@ def test_a_response_that_opens_with_a_call_has_no_audio(runners) -> None:
     (chunk,) = chunks  # the prompt, and the end of the talker's text at once
     assert chunk.finished and chunk.token_ids == () and chunk.prompt_ids == request.prompt.input_ids
     assert frames == 0 and [(f.stage, f.reason) for f in finished] == [("talker", "stop")]
+
+
+def test_without_functions_the_tag_is_text_the_talker_is_given(runners) -> None:
+    thinker, talker, request = runners
+    steer = Steer(thinker, thinker.spec.tool_call_id, 3)
+    try:
+        tokens, chunks, _, _ = run(thinker, talker, replace(request, request_id="no-tools", tools=None))
+    finally:
+        steer.handle.remove()
+    assert [t for c in chunks for t in c.token_ids] == tokens[:-1]  # all but the last, as always

@@ -169,7 +169,7 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         client.chat.completions.create(
             model="omnivoice", messages=[*USER, {"role": "tool", "content": "1", "tool_call_id": "t"}]
         )
-    assert e.value.param == "messages[1]"
+    assert e.value.param == "messages[1].tool_call_id"  # a result answering no call
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(openai.BadRequestError, match="not supported"):
         client.chat.completions.create(model="omnivoice", messages=[{"role": "user", "content": [image]}])
