@@ -80,8 +80,8 @@ class ModelSpec:
     num_mel_bins: int
     output_sample_rate: int = OUTPUT_SAMPLE_RATE
     input_sample_rate: int = INPUT_SAMPLE_RATE
-    # `<tool_call>`, the token that opens a function call: the talker gets no text from it on (None:
-    # the vocabulary has no such token)
+    # `<tool_call>`, the token that opens a function call: in a request that offers functions the
+    # talker gets no text from it on (None: the vocabulary has no such token)
     tool_call_id: int | None = None
 
     @classmethod
