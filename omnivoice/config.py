@@ -323,6 +323,11 @@ class RealtimeConfig(_Strict):
         description="server VAD: silence after speech that counts as a pause and starts a speculative "
         "response; the shorter gaps between words start none (each would be started and dropped)",
     )
+    transcription_max_tokens: int = Field(
+        256,
+        ge=1,
+        description="longest transcript of one caller turn (audio.input.transcription), in text tokens",
+    )
     webrtc_connect_timeout_s: float = Field(
         15.0, gt=0, description="close a WebRTC call not connected (ICE + DTLS) this long after the answer"
     )

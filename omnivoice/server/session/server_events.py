@@ -32,6 +32,7 @@ def format_object(fmt: AudioFormat) -> dict[str, Any]:
 def session_object(s: SessionSettings, session_id: str, model: str, beta: bool) -> dict[str, Any]:
     td = s.turn_detection.wire() if s.turn_detection else None
     tokens: int | str = s.max_output_tokens or "inf"
+    transcription = s.transcription.wire() if s.transcription else None
     if beta:
         return {
             "id": session_id,
@@ -42,7 +43,7 @@ def session_object(s: SessionSettings, session_id: str, model: str, beta: bool) 
             "voice": s.voice,
             "input_audio_format": s.input_format.name,
             "output_audio_format": s.output_format.name,
-            "input_audio_transcription": None,
+            "input_audio_transcription": transcription,
             "turn_detection": td,
             "tools": [],
             "tool_choice": "auto",
@@ -59,7 +60,7 @@ def session_object(s: SessionSettings, session_id: str, model: str, beta: bool) 
         "audio": {
             "input": {
                 "format": format_object(s.input_format),
-                "transcription": None,
+                "transcription": transcription,
                 "noise_reduction": None,
                 "turn_detection": td,
             },

@@ -37,6 +37,7 @@ from omnivoice.server.session.response import Response
 from omnivoice.server.session.server_events import error, session_object
 from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
 from omnivoice.server.session.speculation import Speculation, SpeculationStats, Speculator
+from omnivoice.server.session.transcription import Transcriber
 from omnivoice.server.session.turns import Turns
 from omnivoice.types import text_exceeds
 
@@ -75,6 +76,8 @@ class Session:
             pause_ms=profile.realtime.speculative_pause_ms,
         )  # fmt: skip
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
+        tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
+        self.transcriber = Transcriber(session_id, engine, outbox, tokens)
         self.response: Response | None = None
         self._slot: Slot | None = None
         self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
@@ -132,7 +135,7 @@ class Session:
             self.apply_settings(e.session, e.event_id)
             self.outbox.put({"type": "session.updated", "session": self._session_object()})
         elif isinstance(e, p.AudioCommit):
-            self.turns.commit(e.event_id)
+            self._transcribe(self.turns.commit(e.event_id))
         elif isinstance(e, p.AudioClear):
             self.turns.clear()
         elif isinstance(e, p.ResponseCreate):
@@ -154,6 +157,10 @@ class Session:
         info = self.engine.info
         if patch.instructions and text_exceeds([patch.instructions], info.max_prompt_chars):
             raise p.too_long("session.instructions", len(patch.instructions), info, event_id)
+        asr = patch.audio.input.transcription if patch.audio and patch.audio.input else None
+        asr = asr or patch.input_audio_transcription
+        if asr is not None and asr.prompt and text_exceeds([asr.prompt], info.max_prompt_chars):
+            raise p.too_long("session.audio.input.transcription.prompt", len(asr.prompt), info, event_id)
         try:
             new = apply_patch(self.settings, patch, info.voices, info.default_voice)
         except SettingsError as err:
@@ -201,6 +208,12 @@ class Session:
                 item = self.turns.speech_stopped(ev.position, early[0].item if early else None)
                 if item is not None:
                     self._turn_ended(item, early)
+                    self._transcribe(item)
+
+    def _transcribe(self, item: Item) -> None:
+        """A committed user turn: transcribe it beside its response (started first), if asked to."""
+        if self.settings.transcription is not None:
+            self.transcriber.start(item, self.settings.transcription)
 
     async def _speech_started(self) -> None:
         """The user speaks: a barge-in cuts the response (or the playout) short, and the conversation
@@ -324,8 +337,8 @@ class Session:
         await r.cancel("client_cancelled")
 
     async def close(self) -> None:
-        """The client left: abort the in-flight response in every stage, free the cached prefix.
-        Idempotent."""
+        """The client left: abort the in-flight response and transcriptions in every stage, free the
+        cached prefix. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -335,4 +348,5 @@ class Session:
         if self._warm_task is not None:
             self._warm_task.cancel()
             await asyncio.gather(self._warm_task, return_exceptions=True)
+        await self.transcriber.close()
         self.engine.forget(self.id)

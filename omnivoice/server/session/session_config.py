@@ -1,8 +1,8 @@
 """The session's settings: `session.update` payloads (GA and beta shapes) in, the effective settings out.
 
 A patch is validated whole before any of it applies (a bad field leaves the session unchanged), then
-merged. Fields OpenAI defines that we do not act on (tracing, transcription, noise reduction, speed,
-temperature, ...) are accepted and echoed; those that ask for what this server cannot do (`tools`, a
+merged. Fields OpenAI defines that we do not act on (tracing, noise reduction, speed, temperature, ...)
+are accepted and echoed; those that ask for what this server cannot do (`tools`, a
 `tool_choice` other than auto or none, a stored `prompt`) are refused, naming the field; unknown
 fields are rejected with their name.
 
@@ -12,7 +12,7 @@ fields are rejected with their name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,10 +62,22 @@ class TurnDetectionParam(_Strict):
     eagerness: Literal["low", "medium", "high", "auto"] | None = None
 
 
+class TranscriptionParam(_Strict):
+    """`audio.input.transcription` (beta: `input_audio_transcription`). Any `model` is accepted: the
+    served model transcribes; language, languages, keywords and prompt go into its instruction."""
+
+    model: str | None = Field(None, max_length=200)
+    language: str | None = Field(None, max_length=32)
+    languages: list[Annotated[str, Field(max_length=32)]] | None = Field(None, max_length=16)
+    keywords: list[Annotated[str, Field(max_length=200)]] | None = Field(None, max_length=100)
+    prompt: str | None = None
+    delay: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
+
+
 class InputAudioParam(_Strict):
     format: FormatParam | Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     turn_detection: TurnDetectionParam | None = Field(default=None)
-    transcription: dict[str, Any] | None = None
+    transcription: TranscriptionParam | None = None
     noise_reduction: dict[str, Any] | None = None
 
 
@@ -113,7 +125,7 @@ class SessionPatch(_Strict):
     input_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     output_audio_format: Literal["pcm16", "g711_ulaw", "g711_alaw"] | None = None
     turn_detection: TurnDetectionParam | None = None
-    input_audio_transcription: dict[str, Any] | None = None
+    input_audio_transcription: TranscriptionParam | None = None
     input_audio_noise_reduction: dict[str, Any] | None = None
     max_response_output_tokens: int | Literal["inf"] | None = None
     temperature: float | None = None
@@ -151,6 +163,39 @@ class TurnDetection:
 
 
 @dataclass(frozen=True)
+class Transcription:
+    """How the caller's committed audio is transcribed (see session/transcription.py)."""
+
+    model: str = "omnivoice"
+    language: str | None = None
+    languages: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    prompt: str | None = None
+    delay: str | None = None
+
+    @classmethod
+    def of(cls, p: TranscriptionParam) -> Transcription:
+        return cls(
+            model=p.model or "omnivoice",
+            language=p.language,
+            languages=tuple(p.languages or ()),
+            keywords=tuple(p.keywords or ()),
+            prompt=p.prompt,
+            delay=p.delay,
+        )
+
+    def wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "language": self.language, "prompt": self.prompt or ""}
+        if self.languages:
+            out["languages"] = list(self.languages)
+        if self.keywords:
+            out["keywords"] = list(self.keywords)
+        if self.delay is not None:
+            out["delay"] = self.delay
+        return out
+
+
+@dataclass(frozen=True)
 class SessionSettings:
     """The effective settings of one session."""
 
@@ -160,6 +205,7 @@ class SessionSettings:
     input_format: AudioFormat = PCM16
     output_format: AudioFormat = PCM16
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    transcription: Transcription | None = None  # None: the caller's audio is not transcribed
     max_output_tokens: int | None = None  # None: "inf" (the profile's cap)
     min_output_tokens: int | None = None
     output_audio_frames: int | None = None
@@ -200,6 +246,14 @@ def apply_patch(
         a_in is not None and "turn_detection" in a_in.model_fields_set
     )
     td_param = a_in.turn_detection if a_in and "turn_detection" in a_in.model_fields_set else p.turn_detection
+    tr_set = "input_audio_transcription" in set_fields or (
+        a_in is not None and "transcription" in a_in.model_fields_set
+    )
+    tr_param = (
+        a_in.transcription
+        if a_in and "transcription" in a_in.model_fields_set
+        else p.input_audio_transcription
+    )
     voice_in = (a_out.voice if a_out else None) or p.voice
     modalities = p.output_modalities or p.modalities
     tokens = p.max_output_tokens if p.max_output_tokens is not None else p.max_response_output_tokens
@@ -224,6 +278,8 @@ def apply_patch(
         changes["max_output_tokens"] = None if tokens == "inf" else _positive(tokens, "max_output_tokens")
     if td_set:
         changes["turn_detection"] = None if td_param is None else _turn_detection(td_param, s.turn_detection)
+    if tr_set:
+        changes["transcription"] = None if tr_param is None else Transcription.of(tr_param)
     if p.omnivoice is not None:
         changes["min_output_tokens"] = p.omnivoice.min_output_tokens
         changes["output_audio_frames"] = p.omnivoice.output_audio_frames

@@ -70,3 +70,17 @@ def test_the_extension_turns_the_speculative_response_off_and_on() -> None:
     assert update(on, {"omnivoice": {"speculative_response": False}}).speculative_response is False
     with pytest.raises(ValueError, match="speculative"):
         SessionPatch.model_validate({"omnivoice": {"speculative": True}})  # unknown keys are named
+
+
+def test_transcription_ga_and_beta_set_and_clear() -> None:
+    s = SessionSettings(voice="ethan")
+    assert s.transcription is None  # off unless asked for
+    ga = update(s, {"audio": {"input": {"transcription": {"model": "whisper-1", "language": "en"}}}})
+    beta = update(s, {"input_audio_transcription": {"model": "whisper-1", "language": "en"}})
+    assert ga == beta and ga.transcription is not None
+    assert ga.transcription.wire() == {"model": "whisper-1", "language": "en", "prompt": ""}
+    assert update(ga, {"instructions": "x"}).transcription == ga.transcription  # untouched when absent
+    assert update(ga, {"audio": {"input": {"transcription": None}}}).transcription is None
+    assert update(ga, {"input_audio_transcription": None}).transcription is None
+    with pytest.raises(ValueError, match="nonsense"):
+        update(s, {"audio": {"input": {"transcription": {"model": "x", "nonsense": 1}}}})
