@@ -18,16 +18,20 @@ Streaming (SSE, `object: "chat.completion.chunk"`), every chunk sent as soon as 
 each with a top-level `modality` ("text" | "audio") as vLLM-Omni's benchmark expects:
 
     text:  {modality: "text",  choices: [{index: 0, delta: {content: TEXT}, finish_reason: null}]}
-    audio: {modality: "audio", choices: [{index: 0, delta: {content: B64, audio: {id, data: B64}}, ...}]}
-    end:   {modality: "text",  choices: [{index: 0, delta: {}, finish_reason: "stop" | "length"}]}
+    audio: {modality: "audio", choices: [{index: 0, delta: {content: B64,
+                                                            audio: {id, data: B64, transcript?}}, ...}]}
+    end:   {modality: "text",  choices: [{index: 0, delta: {audio: {id, transcript}}?,
+                                          finish_reason: "stop" | "length"}]}
     usage: {modality: "text",  choices: [], usage: {...}}        (only with stream_options.include_usage)
     data: [DONE]
 
   The first chunk's delta also carries `role: "assistant"`. Audio is in both `delta.content`
   (vLLM-Omni) and `delta.audio.data` (OpenAI); B64 is one self-contained WAV per chunk for `wav`
   (what vLLM-Omni's benchmark decodes), raw pcm16 24 kHz for `pcm16` (OpenAI's streaming format).
-  Clients must use `modality` to tell base64 audio from text in `delta.content`. Audio only: no text
-  chunks; the transcript rides on the audio chunks as `delta.audio.transcript`. A failure mid-stream
+  Clients must use `modality` to tell base64 audio from text in `delta.content`. With audio, the
+  spoken text also rides on the audio chunks as `delta.audio.transcript`, as OpenAI streams it: each
+  audio chunk carries the text written since the one before, and the end chunk what is left, so the
+  transcripts joined are the whole text. Audio only: no text chunks, the transcripts are the text. A failure mid-stream
   is sent as `data: {"error": {...}}` (the `openai` SDK raises it as an APIError), then `[DONE]`.
 
 Function calls: the message's `tool_calls` (`[{id, type: "function", function: {name, arguments}}]`)

@@ -108,7 +108,7 @@ async def stream(
     """SSE events of one request; closing this generator early aborts the engine request."""
     writer = ChunkWriter(turn)
     status, usage = "cancelled", Usage()
-    transcript: list[str] = []  # audio-only: text waiting to ride on the next audio chunk
+    transcript: list[str] = []  # text spoken, waiting to ride on the next audio chunk
     called = False
     outputs = engine.generate(gen)
     try:
@@ -117,7 +117,7 @@ async def stream(
                 if turn.want_text:
                     yield sse_event(writer.text(out.text))
                     timer.text()
-                else:
+                if turn.want_audio:
                     transcript.append(out.text)
             elif isinstance(out, ToolCallDelta):
                 yield sse_event(writer.tool_call(out))

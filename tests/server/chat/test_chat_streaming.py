@@ -69,7 +69,12 @@ async def test_text_and_audio_stream_shapes(srv: FakeServer) -> None:
         pcm, rate = decode_wav(base64.b64decode(delta["content"]))
         assert rate == SAMPLE_RATE and pcm.size == SCRIPT.chunk_samples
     assert [c["modality"] for c in body[:2]] == ["text", "audio"]  # interleaved as the engine yields
-    assert end["choices"][0]["finish_reason"] == "stop" and end["choices"][0]["delta"] == {}
+    assert end["choices"][0]["finish_reason"] == "stop"
+    # OpenAI's shape: the spoken text rides on the audio chunks (and the end chunk) too
+    spoken = [c["choices"][0]["delta"].get("audio", {}).get("transcript", "") for c in [*body, end]]
+    assert "".join(spoken) == FULL_TEXT
+    ids = {c["choices"][0]["delta"]["audio"]["id"] for c in [*body, end] if "audio" in c["choices"][0]["delta"]}
+    assert ids == {"audio-" + chunks[0]["id"].removeprefix("chatcmpl-")}
     assert all(c["choices"][0]["finish_reason"] is None for c in body)
     assert usage["choices"] == []
     assert usage["usage"]["completion_tokens"] == len(SCRIPT.texts)
