@@ -13,7 +13,9 @@ import numpy as np
 import openai
 import pytest
 
-from omnivoice.types import AudioPart, TextPart
+from omnivoice.server.session.session_config import Transcription
+from omnivoice.server.session.transcription import transcription_messages
+from omnivoice.types import AudioPart, Finished, GenerationRequest, Sampling, TextDelta, TextPart
 from tests.support.polling import until
 from tests.support.realtime_client import Recorder, send_audio
 from tests.support.serve import ServerThread, serve_tiny
@@ -26,7 +28,8 @@ SAMPLES_PER_FRAME = 1920  # 80 ms of 24 kHz audio per codec frame
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
-    with serve_tiny(tiny_checkpoint, realtime={"max_buffer_seconds": 30}) as st:
+    realtime = {"max_buffer_seconds": 30, "transcription_max_tokens": 12}
+    with serve_tiny(tiny_checkpoint, realtime=realtime) as st:
         yield st
 
 
@@ -89,6 +92,48 @@ async def test_server_vad_spoken_turn(server: ServerThread, voice: dict[str, np.
     assert [t for t in order if t in expected] == expected
     assert abs(len(rec.audio()) // 2 - 12 * SAMPLES_PER_FRAME) < SAMPLES_PER_FRAME  # 12 frames, pcm16
     assert done.response.usage.output_tokens == 6
+
+
+async def test_a_spoken_turn_is_transcribed_by_the_served_model(
+    server: ServerThread, voice: dict[str, np.ndarray]
+) -> None:
+    asr = {"audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}}
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        sid = (await rec.next("session.created")).session.id
+        await conn.session.update(session=fixed(4, 4, **asr))
+        await send_audio(conn, pcm16(0.5, voice["two"], 1.0))
+        committed = await rec.next("input_audio_buffer.committed")
+        completed = await rec.next("conversation.item.input_audio_transcription.completed", timeout=60)
+        await rec.next("response.done", timeout=60)
+        item = session_of(server, sid).conversation.get(committed.item_id)
+        await rec.close()
+    deltas = [e for _, e in rec.events if e.type == "conversation.item.input_audio_transcription.delta"]
+    assert completed.item_id == committed.item_id and completed.content_index == 0
+    assert completed.transcript and "".join(d.delta for d in deltas) == completed.transcript
+    assert {d.item_id for d in deltas} == {committed.item_id}
+    assert item.content[0].transcript == completed.transcript
+    assert 0 < completed.usage.output_tokens <= 12
+    # the same text-only request, straight to the engine, writes the same words
+    messages = transcription_messages(item, 0, Transcription())
+    assert await _engine_text(server, messages, 12) == completed.transcript
+
+
+async def _engine_text(server: ServerThread, messages: Any, max_tokens: int) -> str:
+    engine = server.server.config.app.state.lifecycle.engine
+    request = GenerationRequest(
+        "direct", engine.build_prompt(messages), want_audio=False, thinker=Sampling(max_tokens=max_tokens)
+    )
+
+    async def run() -> str:
+        text = ""
+        async for out in engine.generate(request):
+            text += out.text if isinstance(out, TextDelta) else ""
+            assert not isinstance(out, Finished) or out.finish_reason in ("stop", "length")
+        return text
+
+    loop = server.server.servers[0].get_loop()  # the engine's event loop
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), loop))
 
 
 async def test_push_to_talk_history_feeds_the_thinker(
