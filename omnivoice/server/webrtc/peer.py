@@ -23,7 +23,7 @@ from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE
 from omnivoice.server.session.server_events import error
 from omnivoice.server.session.session import Session
-from omnivoice.server.webrtc.channel import LABEL, DataChannelOutbox
+from omnivoice.server.webrtc.channel import LABEL, ChannelClosed, DataChannelOutbox
 from omnivoice.server.webrtc.tracks import read_microphone
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,12 @@ class Call:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None:  # expected once the call is ending (the channel closed under the writer)
+        if isinstance(exc, ChannelClosed):
+            # the client closed its data channel (the page's Stop) while events were going out: a
+            # hang-up, seen by the writer before the channel's close event
+            log.debug("%r: the data channel closed under %s", self, task.get_name())
+            self.hang_up("data channel closed")
+        elif exc is not None:  # expected once the call is ending (the connection closed under a task)
             level = logging.DEBUG if self._ended.is_set() else logging.WARNING
             log.log(level, "%r: task %s failed: %r", self, task.get_name(), exc)
             self.hang_up(f"{task.get_name()} failed")

@@ -6,6 +6,7 @@ server-owned playout events, barge-in clearing the queued audio, hang-up and the
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,28 @@ async def test_hang_up_releases_the_call(server: ServerThread, voice: dict[str, 
     finally:
         await call.close()
     assert again.status_code == 404
+
+
+async def test_closing_the_channel_mid_answer_is_a_hang_up(
+    server: ServerThread, voice: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the page stops a call: its data channel closes while the answer's events still go out."""
+    call = await connect(server.base_url)
+    try:
+        await call.next("session.created")
+        call.send({"type": "session.update", "session": fixed(24, 150)})
+        say(call, voice["one"])
+        await call.next("output_audio_buffer.started", timeout=30)
+        with caplog.at_level(logging.DEBUG, logger="omnivoice.server.webrtc"):
+            call.channel.close()
+            await call.pc.close()  # as the page does
+            await until(lambda: released(server), 10, "the call released")
+    finally:
+        await call.close()
+    records = [r for r in caplog.records if r.name.startswith("omnivoice.server.webrtc")]
+    assert not [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+    closed = [r.getMessage() for r in records if r.getMessage().endswith("closed: data channel closed")]
+    assert len(closed) == 1 and not [r for r in records if "failed" in r.getMessage()]
 
 
 async def test_a_call_that_never_connects_times_out(server: ServerThread) -> None:
