@@ -2,6 +2,10 @@
 // user's speech, `input_audio_buffer.speech_stopped`, to the first audio back). `window.omnivoice`
 // exposes the page's state to tests and the console.
 //
+// The session asks for transcripts of the caller (`audio.input.transcription`): the server's model
+// writes down each spoken turn, and the user's bubble shows those words once they arrive (until then,
+// "(spoken, 4.0 s)").
+//
 // A server with API keys needs one to mint the page's client secret: the key field appears when the
 // server answers 401 (or a key is stored) and keeps the key in this browser's localStorage. The key
 // only mints short-lived client secrets (ek_...); the sessions themselves use the secret.
@@ -13,6 +17,7 @@ import { WebSocketTransport } from "./websocket.js";
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const KEY_STORAGE = "omnivoice.apiKey";
+const TRANSCRIPTION = { model: "omnivoice" }; // the served model writes down what the caller says
 
 const page = {
   state: "idle",
@@ -21,7 +26,7 @@ const page = {
   latencies: [],   // ms, one per answered turn
   turns: 0,        // user turns detected by the server
   audioReceivedMs: 0,
-  transcript: [],  // [{role, text, status}]
+  transcript: [],  // [{role, text, status, itemId?}]
   events: [],      // types of every server event, in order
   errors: [],
 };
@@ -33,6 +38,7 @@ let ctx = null;
 let micLevel = null;
 let stopAt = null;   // performance.now() of the last speech_stopped still waiting for audio
 let userBubble = null;
+const userTurns = new Map(); // item id -> {li, entry (in page.transcript), text (the transcript so far)}
 let replies = new Map(); // response id -> {li, text, turn latency}
 let meterTimer = null;
 
@@ -63,6 +69,17 @@ function bubble(role, text, meta = "") {
   $("transcript").append(li);
   li.scrollIntoView({ block: "nearest" });
   return li;
+}
+
+/** The caller's words for a spoken turn, in place of "(spoken, 4.0 s)". */
+function showTranscript(itemId, text) {
+  const turn = userTurns.get(itemId);
+  if (!turn) return;
+  turn.text = text;
+  if (!text.trim()) return; // nothing written yet: keep the duration
+  turn.li.querySelector(".text").textContent = text;
+  turn.li.classList.add("transcribed");
+  turn.entry.text = text;
 }
 
 function firstAudio(responseId) {
@@ -98,15 +115,26 @@ function onEvent(ev) {
       stopAt = performance.now();
       page.turns += 1;
       $("turns").textContent = String(page.turns);
+      const entry = { role: "user", text: "(audio)", status: "completed", itemId: ev.item_id };
+      page.transcript.push(entry);
       if (userBubble) {
         const seconds = (ev.audio_end_ms - Number(userBubble.dataset.startMs)) / 1000;
         userBubble.querySelector(".text").textContent = `(spoken, ${seconds.toFixed(1)} s)`;
         userBubble.querySelector(".meta").textContent = `turn ${page.turns}`;
+        userTurns.set(ev.item_id, { li: userBubble, entry, text: "" });
       }
-      page.transcript.push({ role: "user", text: "(audio)", status: "completed" });
       setState("connected");
       break;
     }
+    case "conversation.item.input_audio_transcription.delta":
+      showTranscript(ev.item_id, (userTurns.get(ev.item_id)?.text ?? "") + ev.delta);
+      break;
+    case "conversation.item.input_audio_transcription.completed":
+      showTranscript(ev.item_id, ev.transcript);
+      break;
+    case "conversation.item.input_audio_transcription.failed":
+      log(`no transcript of ${ev.item_id}: ${ev.error?.message ?? "failed"}`, true);
+      break;
     case "response.created": {
       const li = bubble("assistant", "", "thinking…");
       replies.set(ev.response.id, { li, text: "", latency: null });
@@ -158,9 +186,10 @@ function apiKey() {
   return $("api-key").value.trim();
 }
 
-/** Show the key field (the server needs a key) and say why. */
+/** Show the key field (the server needs a key) and say why, beside it. */
 function askForKey(message) {
   $("key-row").hidden = false;
+  $("key-error").textContent = message;
   $("api-key").focus();
   throw new Error(message);
 }
@@ -179,6 +208,7 @@ async function clientSecret() {
     askForKey(apiKey() ? "the server refused this API key" : "this server needs an API key: enter it above");
   }
   if (!resp.ok) throw new Error(`client secret: ${resp.status} ${await resp.text()}`);
+  $("key-error").textContent = "";
   return (await resp.json()).value;
 }
 
@@ -197,6 +227,7 @@ async function start() {
       ? new WebRTCTransport({ ...handlers, audioElement: $("remote-audio") })
       : new WebSocketTransport(handlers);
     await transport.connect(secret, mic, ctx);
+    transport.send({ type: "session.update", session: { type: "realtime", audio: { input: { transcription: TRANSCRIPTION } } } });
     setState("connected");
     running(true);
   } catch (err) {
@@ -260,6 +291,7 @@ if (storedKey) {
   $("key-row").hidden = false;
 }
 $("api-key").addEventListener("input", () => {
+  $("key-error").textContent = ""; // a new key: the old reason no longer holds
   if (apiKey()) localStorage.setItem(KEY_STORAGE, apiKey());
   else localStorage.removeItem(KEY_STORAGE);
 });

@@ -1,9 +1,9 @@
 """The voice-chat page in real headless Chromium (Debian's `chromium`, driven by Playwright over the
 DevTools protocol), its microphone faked from an espeak-ng WAV: in WebRTC mode and in WebSocket mode
 the page connects with a client secret, the server detects the spoken turn, the assistant's audio
-comes back, and the page shows the transcript and the turn's latency. The WAV then speaks over the
-reply: the barge-in stops the playout (server-side over WebRTC, in the page over WebSocket) and the
-next turn is answered.
+comes back, and the page shows the transcript (the caller's words as the server's model wrote them
+down, and the replies) and the turn's latency. The WAV then speaks over the reply: the barge-in stops
+the playout (server-side over WebRTC, in the page over WebSocket) and the next turn is answered.
 
 Set OMNIVOICE_SCREENSHOTS=docs to refresh the committed screenshots (docs/page-*.png).
 """
@@ -51,7 +51,7 @@ def playwright() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
-    with serve_tiny(tiny_checkpoint) as st:
+    with serve_tiny(tiny_checkpoint, realtime={"transcription_max_tokens": 12}) as st:
         yield st
 
 
@@ -92,6 +92,10 @@ def test_page_voice_turns_and_barge_in(
         first = page.evaluate("window.omnivoice")
         # the interruption: the reply stops, the next turn is answered
         page.wait_for_function("window.omnivoice.latencies.length >= 2", timeout=TIMEOUT_MS)
+        transcribed = "document.querySelectorAll('#transcript li.user.transcribed').length >= 2"
+        page.wait_for_function(transcribed, timeout=TIMEOUT_MS)
+        (session,) = server.server.config.app.state.realtime.sessions.values()
+        heard = {i.id: i.content[0].transcript for i in session.conversation.items if i.role == "user"}
         page.wait_for_timeout(500)  # the meters and the transcript catch up, for the screenshot
         screenshot(page, f"page-{mode}.png", tmp_path)
         if mode == "websocket":
@@ -100,6 +104,7 @@ def test_page_voice_turns_and_barge_in(
         state = page.evaluate("window.omnivoice")
         latency_text = page.text_content("#latency-last") or ""
         replies = page.locator("#transcript li.assistant").all_text_contents()
+        said = page.locator("#transcript li.user .text").all_text_contents()
         page.click("#talk")  # hang up
         page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
         wait_until(lambda: released(server), 10, "the call released")
@@ -120,6 +125,10 @@ def test_page_voice_turns_and_barge_in(
     assert all(0 < ms < 10_000 for ms in state["latencies"])
     assert re.fullmatch(rf"{state['latencies'][-1]} ms", latency_text.strip())
     assert len(replies) == 2 and all(r.strip() for r in replies)  # the transcript shows both replies
+    # the caller's turns show what the server's model wrote down, in place of "(spoken, 4.0 s)"
+    users = [e for e in state["transcript"] if e["role"] == "user"]
+    assert len(users) == 2 and all(heard[e["itemId"]] and e["text"] == heard[e["itemId"]] for e in users)
+    assert said == [e["text"] for e in users]
 
 
 def released(server: ServerThread) -> bool:
@@ -142,13 +151,21 @@ def test_page_on_a_server_with_api_keys(mode: str, playwright: Any) -> None:
             page.wait_for_function("window.omnivoice.state === 'failed'", timeout=TIMEOUT_MS)
             assert page.is_visible("#key-row")
             assert "needs an API key" in page.evaluate("window.omnivoice.errors")[-1]["message"]
+            # the reason is shown beside the key field, not only in the (collapsed) events log
+            assert "needs an API key" in (page.text_content("#key-error") or "")
+            page.fill("#api-key", "sk-wrong")
+            assert page.is_hidden("#key-error")  # a new key: the old reason is gone
+            page.click("#talk")
+            page.wait_for_function("window.omnivoice.state === 'failed'", timeout=TIMEOUT_MS)
+            assert page.is_visible("#key-error") and "refused" in (page.text_content("#key-error") or "")
             page.fill("#api-key", KEY)
             page.click("#talk")
             connected = "window.omnivoice.state === 'connected'"
             page.wait_for_function(
                 f"window.omnivoice.events.includes('session.created') && {connected}", timeout=TIMEOUT_MS
             )
-            assert srv.app.state.realtime.sessions
+            assert srv.app.state.realtime.sessions and page.is_hidden("#key-error")
+            assert log_markers_fit(page)
             page.click("#talk")  # hang up
             page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
             page.reload()  # the key is remembered
@@ -156,3 +173,21 @@ def test_page_on_a_server_with_api_keys(mode: str, playwright: Any) -> None:
             assert page.is_visible("#key-row") and page.input_value("#api-key") == KEY
     finally:
         browser.close()
+
+
+def log_markers_fit(page: Any) -> bool:
+    """The Events log leaves room left of its entries for the widest number it shows ("300.")."""
+    return bool(
+        page.evaluate(
+            """() => {
+                const list = document.getElementById("log");
+                const probe = document.createElement("span");
+                probe.textContent = "300.";
+                probe.style.whiteSpace = "pre";
+                list.append(probe);
+                const width = probe.getBoundingClientRect().width;
+                probe.remove();
+                return parseFloat(getComputedStyle(list).paddingLeft) >= width;
+            }"""
+        )
+    )
