@@ -31,8 +31,9 @@ each with a top-level `modality` ("text" | "audio") as vLLM-Omni's benchmark exp
   Clients must use `modality` to tell base64 audio from text in `delta.content`. With audio, the
   spoken text also rides on the audio chunks as `delta.audio.transcript`, as OpenAI streams it: each
   audio chunk carries the text written since the one before, and the end chunk what is left, so the
-  transcripts joined are the whole text. Audio only: no text chunks, the transcripts are the text. A failure mid-stream
-  is sent as `data: {"error": {...}}` (the `openai` SDK raises it as an APIError), then `[DONE]`.
+  transcripts joined are the whole text. Audio only: no text chunks, the transcripts are the text.
+  A failure mid-stream is sent as `data: {"error": {...}}` (the `openai` SDK raises it as an
+  APIError), then `[DONE]`.
 
 Function calls: the message's `tool_calls` (`[{id, type: "function", function: {name, arguments}}]`)
 with `finish_reason: "tool_calls"`; streamed, OpenAI's deltas: a call's first chunk

@@ -73,7 +73,9 @@ async def test_text_and_audio_stream_shapes(srv: FakeServer) -> None:
     # OpenAI's shape: the spoken text rides on the audio chunks (and the end chunk) too
     spoken = [c["choices"][0]["delta"].get("audio", {}).get("transcript", "") for c in [*body, end]]
     assert "".join(spoken) == FULL_TEXT
-    ids = {c["choices"][0]["delta"]["audio"]["id"] for c in [*body, end] if "audio" in c["choices"][0]["delta"]}
+    ids = {
+        c["choices"][0]["delta"]["audio"]["id"] for c in [*body, end] if "audio" in c["choices"][0]["delta"]
+    }
     assert ids == {"audio-" + chunks[0]["id"].removeprefix("chatcmpl-")}
     assert all(c["choices"][0]["finish_reason"] is None for c in body)
     assert usage["choices"] == []
