@@ -52,6 +52,19 @@ class Recorder:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._new.wait(), left)
 
+    async def first(self, kind: str, timeout: float = 20.0) -> Any:
+        """The first event of type `kind` received, whenever it came (waiting for it): for events that
+        run beside others, such as a transcript beside its response. `next`'s position stays."""
+        deadline = time.monotonic() + timeout
+        while (found := next((e for _, e in self.events if e.type == kind), None)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {kind} within {timeout} s; got {self.types()}")
+            self._new.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new.wait(), left)
+        return found
+
     def types(self) -> list[str]:
         return [e.type for _, e in self.events]
 

@@ -104,8 +104,8 @@ async def test_a_spoken_turn_is_transcribed_by_the_served_model(
         await conn.session.update(session=fixed(4, 4, **asr))
         await send_audio(conn, pcm16(0.5, voice["two"], 1.0))
         committed = await rec.next("input_audio_buffer.committed")
-        completed = await rec.next("conversation.item.input_audio_transcription.completed", timeout=60)
         await rec.next("response.done", timeout=60)
+        completed = await rec.first("conversation.item.input_audio_transcription.completed", timeout=60)
         item = session_of(server, sid).conversation.get(committed.item_id)
         await rec.close()
     deltas = [e for _, e in rec.events if e.type == "conversation.item.input_audio_transcription.delta"]

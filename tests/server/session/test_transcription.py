@@ -42,13 +42,13 @@ async def test_a_committed_turn_is_transcribed_beside_its_response(srv: FakeServ
         await rec.next("session.created")
         item_id = await committed_turn(conn, rec, PUSH_TO_TALK)
         await conn.response.create()
-        completed = await rec.next("conversation.item.input_audio_transcription.completed")
         await rec.next("response.done")
+        completed = await rec.first("conversation.item.input_audio_transcription.completed")
         await conn.conversation.item.retrieve(item_id=item_id)
         retrieved = await rec.next("conversation.item.retrieved")
         await conn.response.create()  # a later turn: it still hears the audio, not the transcript
         await rec.next("response.done")
-        updated = [e for _, e in rec.events if e.type == "session.updated"][0]
+        updated = next(e for _, e in rec.events if e.type == "session.updated")
         await rec.close()
     deltas = [e for _, e in rec.events if e.type == "conversation.item.input_audio_transcription.delta"]
     assert [d.delta for d in deltas] == ["Hello", " there", ",", " friend", "!"]
