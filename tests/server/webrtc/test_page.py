@@ -92,7 +92,8 @@ def test_page_voice_turns_and_barge_in(
         first = page.evaluate("window.omnivoice")
         # the interruption: the reply stops, the next turn is answered
         page.wait_for_function("window.omnivoice.latencies.length >= 2", timeout=TIMEOUT_MS)
-        transcribed = "document.querySelectorAll('#transcript li.user.transcribed').length >= 2"
+        completed = "conversation.item.input_audio_transcription.completed"
+        transcribed = f"window.omnivoice.events.filter((t) => t === '{completed}').length >= 2"
         page.wait_for_function(transcribed, timeout=TIMEOUT_MS)
         (session,) = server.server.config.app.state.realtime.sessions.values()
         heard = {i.id: i.content[0].transcript for i in session.conversation.items if i.role == "user"}
