@@ -4,7 +4,7 @@ before its response exists (`EarlyStart`: the speculative start of speculation.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from omnivoice.audio.formats import AudioFormat
@@ -12,6 +12,7 @@ from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.conversation import Conversation
 from omnivoice.server.session.prompting import build_prompt
 from omnivoice.server.session.read_ahead import ReadAhead
+from omnivoice.server.session.tools import SessionTools
 from omnivoice.types import ChatMessage, EngineOverloaded, GenerationRequest, Sampling
 
 
@@ -27,6 +28,7 @@ class ResponsePlan:
     talker: Sampling
     in_conversation: bool = True
     metadata: dict[str, str] | None = None
+    tools: SessionTools = field(default_factory=SessionTools)
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ from omnivoice.config import StagesConfig
 from omnivoice.server.session.generation import ResponsePlan
 from omnivoice.server.session.protocol import ProtocolError, ResponseAudioOutput, ResponseParams, too_long
 from omnivoice.server.session.session_config import (
-    NO_TOOL_CHOICE,
     FormatParam,
     SessionSettings,
     SettingsError,
     resolve_format,
     resolve_voice,
 )
+from omnivoice.server.session.tools import ToolsError, resolve_tools
 from omnivoice.types import ModelInfo, text_exceeds
 
 
@@ -27,12 +27,15 @@ def plan_response(
     """The plan of a response from the session's settings `s`, the profile's `stages` sampling and
     the model's `info`, overridden by `response.create`'s `r` (ProtocolError if `r` is refused)."""
     r = r or ResponseParams()
-    if r.input is not None or r.tools:
-        raise ProtocolError("response.input and tools are not supported", "unsupported", "response", event_id)
-    if r.tool_choice not in NO_TOOL_CHOICE or r.prompt is not None:
-        name = "tool_choice" if r.tool_choice not in NO_TOOL_CHOICE else "prompt"
-        message = f"response.{name} is not supported by this server (no tools, no stored prompts)"
-        raise ProtocolError(message, "unsupported", f"response.{name}", event_id)
+    if r.input is not None:
+        raise ProtocolError("response.input is not supported", "unsupported", "response.input", event_id)
+    if r.prompt is not None:
+        message = "response.prompt is not supported by this server (no stored prompts)"
+        raise ProtocolError(message, "unsupported", "response.prompt", event_id)
+    try:
+        tools = resolve_tools(s.tools, r.tools, r.tool_choice, "response")
+    except ToolsError as err:
+        raise ProtocolError(str(err), "invalid_value", err.param, event_id) from None
     if r.instructions and text_exceeds([r.instructions], info.max_prompt_chars):
         raise too_long("response.instructions", len(r.instructions), info, event_id)
     if r.conversation not in (None, "auto", "none"):
@@ -73,6 +76,7 @@ def plan_response(
         talker=talker,
         in_conversation=r.conversation != "none",
         metadata=r.metadata,
+        tools=tools,
     )
 
 

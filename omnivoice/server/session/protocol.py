@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from omnivoice.server.session.tools import FunctionToolParam, ToolChoiceParam
 from omnivoice.types import ModelInfo
 
 _FIELD = re.compile(r"[a-z_][a-z0-9_]*")
@@ -82,8 +83,8 @@ class ResponseParams(_Strict):
     conversation: str | None = None
     metadata: dict[str, str] | None = None
     input: list[Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[FunctionToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
     temperature: float | None = None
     prompt: Any = None
 

@@ -2,9 +2,9 @@
 
 A patch is validated whole before any of it applies (a bad field leaves the session unchanged), then
 merged. Fields OpenAI defines that we do not act on (tracing, noise reduction, speed, temperature, ...)
-are accepted and echoed; those that ask for what this server cannot do (`tools`, a
-`tool_choice` other than auto or none, a stored `prompt`) are refused, naming the field; unknown
-fields are rejected with their name.
+are accepted and echoed; those that ask for what this server cannot do (a stored `prompt`, MCP tools)
+are refused, naming the field; unknown fields are rejected with their name. `tools` and
+`tool_choice` are session/tools.py's.
 
 `semantic_vad` maps to server VAD with a silence wait chosen by its eagerness (see EAGERNESS_SILENCE_MS).
 """
@@ -17,9 +17,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnivoice.audio.formats import FORMATS, FORMATS_BY_MIME, PCM16, AudioFormat
+from omnivoice.server.session.tools import (
+    FunctionToolParam,
+    SessionTools,
+    ToolChoiceParam,
+    ToolsError,
+    resolve_tools,
+)
 
-# tool_choice values that choose no tool (this server has none): anything else is refused.
-NO_TOOL_CHOICE = (None, "auto", "none")
 # semantic_vad eagerness -> silence (ms) before the turn ends; "auto" is "medium".
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
 # OpenAI's voice names: clients send them by default; they map to the model's default voice.
@@ -112,8 +117,8 @@ class SessionPatch(_Strict):
     output_modalities: list[Literal["text", "audio"]] | None = None
     audio: AudioParam | None = None
     max_output_tokens: int | Literal["inf"] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[FunctionToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
     tracing: Any = None
     truncation: Any = None
     prompt: Any = None
@@ -206,6 +211,7 @@ class SessionSettings:
     output_format: AudioFormat = PCM16
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: Transcription | None = None  # None: the caller's audio is not transcribed
+    tools: SessionTools = field(default_factory=SessionTools)
     max_output_tokens: int | None = None  # None: "inf" (the profile's cap)
     min_output_tokens: int | None = None
     output_audio_frames: int | None = None
@@ -285,15 +291,14 @@ def apply_patch(
         changes["output_audio_frames"] = p.omnivoice.output_audio_frames
         if p.omnivoice.speculative_response is not None:  # unset: the session's (the profile's) stays
             changes["speculative_response"] = p.omnivoice.speculative_response
-    if p.tools:
-        raise SettingsError("tools (function calling) are not supported by this server", "session.tools")
-    if p.tool_choice not in NO_TOOL_CHOICE:
-        message = "tool_choice must be 'auto' or 'none': this server has no tools"
-        raise SettingsError(message, "session.tool_choice")
+    try:
+        changes["tools"] = resolve_tools(s.tools, p.tools, p.tool_choice, "session")
+    except ToolsError as err:
+        raise SettingsError(str(err), err.param) from None
     if p.prompt is not None:
         raise SettingsError("stored prompts are not supported by this server", "session.prompt")
     echo = dict(s.echo)
-    for key in ("tool_choice", "tracing", "truncation", "prompt", "include", "temperature", "speed"):
+    for key in ("tracing", "truncation", "prompt", "include", "temperature", "speed"):
         if key in set_fields:
             echo[key] = getattr(p, key)
     changes["echo"] = echo

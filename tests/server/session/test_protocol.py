@@ -114,7 +114,7 @@ async def test_bad_events_get_errors_and_the_session_survives(srv: FakeServer) -
         await rec.close()
 
 
-async def test_tools_and_stored_prompts_are_refused_naming_the_param(srv: FakeServer) -> None:
+async def test_unservable_tools_and_stored_prompts_are_refused_naming_the_param(srv: FakeServer) -> None:
     async with client(srv.url).realtime.connect(model="omnivoice") as conn:
         rec = Recorder(conn)
         await rec.next("session.created")
@@ -126,7 +126,10 @@ async def test_tools_and_stored_prompts_are_refused_naming_the_param(srv: FakeSe
             ({"type": "session.update", "session": {"prompt": {"id": "pmpt_1"}}}, "session.prompt"),
             ({"type": "response.create", "response": {"tool_choice": "required"}}, "response.tool_choice"),
             ({"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "f"}}},
-             "response.tool_choice"),
+             "response.tool_choice.name"),
+            ({"type": "session.update", "session": {"tools": [{"type": "mcp", "server_label": "x"}]}},
+             "session.tools.0.type"),
+            ({"type": "session.update", "session": {"tools": [F, F]}}, "session.tools.1.name"),
             ({"type": "response.create", "response": {"prompt": {"id": "pmpt_1"}}}, "response.prompt"),
         ]  # fmt: skip
         for event, param in refused:
@@ -139,6 +142,9 @@ async def test_tools_and_stored_prompts_are_refused_naming_the_param(srv: FakeSe
         await conn.response.create(response={"tool_choice": "none"})
         assert (await rec.next("response.done")).response.status == "completed"
         await rec.close()
+
+
+F = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
 
 
 async def test_item_create_retrieve_delete_and_ordering(srv: FakeServer) -> None:

@@ -58,7 +58,7 @@ def test_openai_voices_map_to_the_default_and_unknown_voices_fail() -> None:
         update(s, {"audio": {"output": {"voice": "nobody"}}})
     assert e.value.param == "session.audio.output.voice"
     with pytest.raises(SettingsError):
-        update(s, {"tools": [{"type": "function", "name": "f"}]})
+        update(s, {"tool_choice": {"type": "function", "name": "f"}})  # no such function
     assert update(s, {"max_output_tokens": "inf"}).max_output_tokens is None
 
 
@@ -84,3 +84,23 @@ def test_transcription_ga_and_beta_set_and_clear() -> None:
     assert update(ga, {"input_audio_transcription": None}).transcription is None
     with pytest.raises(ValueError, match="nonsense"):
         update(s, {"audio": {"input": {"transcription": {"model": "x", "nonsense": 1}}}})
+
+
+def test_tools_and_tool_choice() -> None:
+    s = SessionSettings(voice="ethan")
+    f = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}
+    s = update(s, {"tools": [f], "tool_choice": {"type": "function", "name": "f"}})
+    assert s.tools.choice == "required" and s.tools.function == "f"
+    assert [t.name for t in s.tools.offered] == ["f"]
+    assert s.tools.wire_tools() == [f] and s.tools.wire_choice() == {"type": "function", "name": "f"}
+    assert update(s, {"instructions": "x"}).tools == s.tools  # untouched when absent
+    none = update(s, {"tool_choice": "none"})
+    assert none.tools.offered == () and none.tools.wire_choice() == "none" and none.tools.functions
+    with pytest.raises(SettingsError) as e:
+        update(s, {"tools": []})  # the named function would be gone
+    assert e.value.param == "session.tool_choice.name"
+    with pytest.raises(SettingsError) as e:
+        update(SessionSettings(voice="ethan"), {"tool_choice": "required"})
+    assert e.value.param == "session.tool_choice"
+    with pytest.raises(ValueError, match="object"):
+        update(s, {"tools": [{**f, "parameters": {"type": "string"}}]})
