@@ -1,7 +1,9 @@
 """The conversation of one session: ordered items, and the chat history they feed the thinker.
 
 User audio is kept as 16 kHz float32 PCM and replayed to the thinker as audio on every turn;
-assistant turns are replayed as their (possibly truncated) transcript.
+assistant turns are replayed as their (possibly truncated) transcript. A `function_call` item is a
+call the model made (or the client added), a `function_call_output` item the result the client
+sends back for it.
 """
 
 from __future__ import annotations
@@ -37,24 +39,32 @@ class Content:
 
 @dataclass
 class Item:
+    """A message (`role`, `content`), or a function call (role assistant: `call_id`, `name`,
+    `arguments`, the JSON text of the arguments) or its output (role tool: `call_id`, `output`)."""
+
     id: str
-    role: Literal["user", "assistant", "system"]
+    role: Literal["user", "assistant", "system", "tool"]
     content: list[Content] = field(default_factory=list)
     status: Literal["completed", "in_progress", "incomplete"] = "completed"
     ledger: AudioLedger | None = None  # assistant audio items
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    output: str = ""
 
     def wire(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "realtime.item",
-            "type": "message",
-            "status": self.status,
-            "role": self.role,
-            "content": [c.wire() for c in self.content],
-        }
+        head = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        if self.type == "function_call":
+            return {**head, "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        if self.type == "function_call_output":
+            return {**head, "call_id": self.call_id, "output": self.output}
+        return {**head, "role": self.role, "content": [c.wire() for c in self.content]}
 
     def message(self) -> ChatMessage | None:
         """This item as a thinker chat message; None when it has nothing to say."""
+        if self.role == "tool" or self.type != "message":
+            return None
         parts: list[TextPart | AudioPart] = []
         for c in self.content:
             if c.type == "input_audio" and c.audio is not None and c.audio.size:

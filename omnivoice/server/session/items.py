@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import json
+import re
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from omnivoice.audio.wav import AudioDecodeError
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
 from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.tools import FUNCTION_NAME
 from omnivoice.types import ModelInfo, text_exceeds
 
 MIN_AUDIO_MS = 10  # an item's audio: the thinker's audio features have one frame per 10 ms
@@ -53,28 +56,9 @@ async def create(
     """Add the client's item; its audio is in `input_format`, at most `max_audio_s` long."""
     it = e.item
     if it.type != "message":
-        raise p.ProtocolError(
-            f"items of type {it.type!r} (function calling) are not supported",
-            "unsupported",
-            "item.type",
-            e.event_id,
-        )
-    if it.role is None:
-        raise p.ProtocolError(
-            "Missing required parameter: 'item.role'.", "missing_required_parameter", "item.role", e.event_id
-        )
-    if not it.content:
-        raise p.ProtocolError(
-            "the item has no content", "missing_required_parameter", "item.content", e.event_id
-        )
-    texts = [t for c in it.content for t in (c.text, c.transcript) if t]
-    if text_exceeds(texts, info.max_prompt_chars):  # it could never be in a prompt
-        raise p.too_long("item.content", sum(map(len, texts)), info, e.event_id)
-    content = [
-        await _content(it.role, c, input_format, max_audio_s, f"item.content[{n}]", e.event_id)
-        for n, c in enumerate(it.content)
-    ]
-    item = Item(it.id or new_id("item"), it.role, content)
+        item = function_item(e, conversation, info)
+    else:
+        item = await _message(e, info, input_format, max_audio_s)
     try:
         prev = conversation.insert(item, e.previous_item_id)
     except KeyError:
@@ -90,6 +74,72 @@ async def create(
         ) from None
     outbox.put({"type": "conversation.item.added", "previous_item_id": prev, "item": item.wire()})
     outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
+
+
+async def _message(e: p.ItemCreate, info: ModelInfo, input_format: AudioFormat, max_audio_s: float) -> Item:
+    it = e.item
+    if it.role is None:
+        raise p.ProtocolError(
+            "Missing required parameter: 'item.role'.", "missing_required_parameter", "item.role", e.event_id
+        )
+    if not it.content:
+        raise p.ProtocolError(
+            "the item has no content", "missing_required_parameter", "item.content", e.event_id
+        )
+    texts = [t for c in it.content for t in (c.text, c.transcript) if t]
+    if text_exceeds(texts, info.max_prompt_chars):  # it could never be in a prompt
+        raise p.too_long("item.content", sum(map(len, texts)), info, e.event_id)
+    content = [
+        await _content(it.role, c, input_format, max_audio_s, f"item.content[{n}]", e.event_id)
+        for n, c in enumerate(it.content)
+    ]
+    return Item(it.id or new_id("item"), it.role, content)
+
+
+def function_item(e: p.ItemCreate, conversation: Conversation, info: ModelInfo) -> Item:
+    """A `function_call` item (a call the client says the model made) or a `function_call_output`
+    item (the result of a call in the conversation), checked (ProtocolError naming the field)."""
+    it, event_id = e.item, e.event_id
+    if it.content or it.role is not None:
+        field = "content" if it.content else "role"
+        message = f"an item of type {it.type!r} has no {field}"
+        raise p.ProtocolError(message, "invalid_value", f"item.{field}", event_id)
+    texts = [it.name or "", it.arguments or "", it.output or ""]
+    if text_exceeds(texts, info.max_prompt_chars):
+        raise p.too_long("item", sum(map(len, texts)), info, event_id)
+    item_id = it.id or new_id("item")
+    if it.type == "function_call":
+        if not it.name or not re.fullmatch(FUNCTION_NAME, it.name):
+            raise p.ProtocolError(
+                "a function_call needs the function's name", "invalid_value", "item.name", event_id
+            )
+        arguments = it.arguments or "{}"
+        if not _json_object(arguments):
+            message = "item.arguments must be the JSON text of the arguments object"
+            raise p.ProtocolError(message, "invalid_value", "item.arguments", event_id)
+        call_id = it.call_id or new_id("call")
+        return Item(
+            item_id, "assistant", type="function_call", call_id=call_id, name=it.name, arguments=arguments
+        )
+    if it.call_id is None or it.output is None:
+        field = "call_id" if it.call_id is None else "output"
+        raise p.ProtocolError(
+            f"Missing required parameter: 'item.{field}'.",
+            "missing_required_parameter",
+            f"item.{field}",
+            event_id,
+        )
+    if not any(i.type == "function_call" and i.call_id == it.call_id for i in conversation.items):
+        message = f"call_id {it.call_id!r} names no function_call item in the conversation"
+        raise p.ProtocolError(message, "invalid_value", "item.call_id", event_id)
+    return Item(item_id, "tool", type="function_call_output", call_id=it.call_id, output=it.output)
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 async def _content(
@@ -155,7 +205,7 @@ def _decode_audio(
 def retrieved(item: Item, fmt: AudioFormat) -> dict[str, Any]:
     """The item as `conversation.item.retrieved` shows it: input audio included, in the input format."""
     wire = item.wire()
-    for c, w in zip(item.content, wire["content"], strict=True):
+    for c, w in zip(item.content, wire.get("content", ()), strict=True):
         if c.audio is not None:
             pcm = soxr.resample(c.audio, INPUT_RATE, fmt.sample_rate).astype(np.float32, copy=False)
             w["audio"] = base64.b64encode(fmt.encode(pcm)).decode("ascii")
