@@ -103,7 +103,7 @@ async def test_bad_events_get_errors_and_the_session_survives(srv: FakeServer) -
             "session.audio.input.format.type",
         )
         await expect({"type": "session.update", "session": {"frobnicate": True}}, "unknown_parameter")
-        await expect({"type": "conversation.item.create", "item": {"type": "function_call"}}, "unsupported")
+        await expect({"type": "conversation.item.create", "item": {"type": "function_call"}}, "invalid_value")
         # after all that, a normal turn still works
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
