@@ -9,13 +9,13 @@ sends back for it.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from omnivoice.server.session.ledger import AudioLedger
-from omnivoice.types import AudioPart, ChatMessage, TextPart
+from omnivoice.types import AudioPart, ChatMessage, TextPart, ToolCall
 
 INPUT_RATE = 16000  # the thinker's audio encoder rate; user audio is stored at it
 
@@ -63,8 +63,11 @@ class Item:
 
     def message(self) -> ChatMessage | None:
         """This item as a thinker chat message; None when it has nothing to say."""
-        if self.role == "tool" or self.type != "message":
-            return None
+        if self.type == "function_call_output":
+            return ChatMessage("tool", (TextPart(self.output),), tool_call_id=self.call_id)
+        if self.type == "function_call":
+            call = ToolCall(self.call_id or "", self.name or "", self.arguments)
+            return ChatMessage("assistant", (), tool_calls=(call,))
         parts: list[TextPart | AudioPart] = []
         for c in self.content:
             if c.type == "input_audio" and c.audio is not None and c.audio.size:
@@ -124,8 +127,21 @@ class Conversation:
         return len(self.items) < before
 
     def messages(self, instructions: str | None, skip_oldest: int = 0) -> list[ChatMessage]:
-        """The history as chat messages, without its `skip_oldest` oldest items; instructions first."""
-        out = [m for i in self.items[skip_oldest:] if (m := i.message()) is not None]
+        """The history as chat messages, without its `skip_oldest` oldest items; instructions first.
+
+        Function calls join the assistant turn just before them (the turn that made them, as the chat
+        template writes it); a function's output whose call is not in the history is left out."""
+        out: list[ChatMessage] = []
+        calls: set[str | None] = set()
+        for item in self.items[skip_oldest:]:
+            m = item.message()
+            if m is None or (m.role == "tool" and m.tool_call_id not in calls):
+                continue
+            calls.update(c.id for c in m.tool_calls)
+            if m.tool_calls and out and out[-1].role == "assistant":
+                out[-1] = replace(out[-1], tool_calls=(*out[-1].tool_calls, *m.tool_calls))
+            else:
+                out.append(m)
         if instructions:
             out.insert(0, ChatMessage("system", (TextPart(instructions),)))
         return out

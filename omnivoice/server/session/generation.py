@@ -60,7 +60,9 @@ async def start_generation(
 ) -> Started | str:
     """Prompt the engine with `conversation` for `plan`; a user-facing reason if no prompt could be
     built, EngineOverloaded if a stage is full (before anything was sent to the engine)."""
-    built = await build_prompt(engine, conversation, plan.instructions)
+    tools = plan.tools.for_engine()
+    functions = tools.functions if tools is not None else ()
+    built = await build_prompt(engine, conversation, plan.instructions, functions)
     if isinstance(built, str):
         return built
     prompt, messages = built
@@ -72,6 +74,7 @@ async def start_generation(
         thinker=plan.thinker,
         talker=plan.talker,
         cache_key=session_id if plan.in_conversation else None,  # KV kept between turns
+        tools=tools,
     )
     why = engine.overloaded(request)
     if why is not None:

@@ -212,10 +212,10 @@ def retrieved(item: Item, fmt: AudioFormat) -> dict[str, Any]:
     return wire
 
 
-def delete(e: p.ItemDelete, conversation: Conversation, outbox: Outbox, generating: Item | None) -> None:
-    """Delete the item, unless it is `generating` (the in-flight response's)."""
+def delete(e: p.ItemDelete, conversation: Conversation, outbox: Outbox, generating: list[Item]) -> None:
+    """Delete the item, unless it is one the in-flight response is `generating`."""
     item = find(conversation, e.item_id, e.event_id)
-    if item is generating:
+    if any(item is g for g in generating):
         raise p.ProtocolError(
             "the item is being generated; cancel the response first", "invalid_value", "item_id", e.event_id
         )

@@ -8,6 +8,10 @@ Cancelling the response's task aborts the engine request in every stage (closing
 drops the deltas still queued, and ends the response with status `cancelled`.
 A response may take over an engine request started before it (`EarlyStart`: a speculative start,
 speculation.py) instead of starting its own; what that request made so far is streamed first.
+
+A response that offers functions has output items in the order they start: the assistant message (its
+text and audio), opened once the model says something, and a `function_call` item per call
+(calls.py); a response that is only calls has no message and no audio.
 """
 
 from __future__ import annotations
@@ -22,13 +26,23 @@ import numpy as np
 
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.engine.api import EngineAPI
+from omnivoice.server.session.calls import ResponseCalls
 from omnivoice.server.session.conversation import Content, Conversation, Item, new_id
 from omnivoice.server.session.generation import EarlyStart, ResponsePlan, start_generation
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.pacing import Pacer
 from omnivoice.server.session.server_events import error, format_object, usage_object
-from omnivoice.types import AudioChunk, ChatMessage, EngineOverloaded, Finished, TextDelta, Usage
+from omnivoice.types import (
+    AudioChunk,
+    ChatMessage,
+    EngineOverloaded,
+    Finished,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallDone,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +72,12 @@ class Response:
         self.cancel_reason = "client_cancelled"
         self.messages: list[ChatMessage] = []  # the history this response was prompted with
         self.usage: Usage | None = None
-        self.item: Item | None = None
+        self.item: Item | None = None  # the assistant message, once opened
+        self.outputs: list[Item] = []  # every output item, in output order
+        self._index = 0  # the message's output index
+        self._pending = ""  # whitespace said before the message opened (a reply may be only calls)
+        kept = conversation if plan.in_conversation else None
+        self._calls = ResponseCalls(self.id, outbox, kept, self.outputs)
         self._engine = engine
         self._outbox = outbox
         self._conversation = conversation
@@ -132,13 +151,20 @@ class Response:
                 return
             started = made
         self.messages = started.messages
-        self._open_item()
+        if started.request.tools is None:  # no call can come: the message opens at once
+            self._open_item()
         ahead = started.ahead  # closing it early aborts the request in every stage
         try:
             async for out in ahead:
                 if isinstance(out, TextDelta) and out.text:
                     self._on_text(out.text)
-                elif isinstance(out, AudioChunk) and plan.want_audio:
+                elif isinstance(out, ToolCallDelta):
+                    self._calls.delta(out)
+                elif isinstance(out, ToolCallDone):
+                    self._calls.done(out)
+                elif isinstance(out, AudioChunk) and plan.want_audio and out.pcm.size:
+                    if self.item is None:
+                        self._open_item()
                     await self._send_audio(self._resampler.process(out.pcm), ahead.failed)
                 elif isinstance(out, Finished):
                     self.usage = out.usage
@@ -146,7 +172,7 @@ class Response:
         finally:
             await ahead.aclose()
         ended = self.status in ("completed", "incomplete")  # generation ran to its end (stop or length)
-        if plan.want_audio and ended:
+        if plan.want_audio and ended and self.item is not None:
             await self._send_audio(self._resampler.flush(), asyncio.Event())
         if self.item is not None and self.item.ledger is not None:
             self.item.ledger.complete = ended
@@ -157,13 +183,13 @@ class Response:
         content = Content(kind, transcript="" if self.plan.want_audio else None, text=None)
         ledger = AudioLedger(self.plan.output_format.sample_rate) if self.plan.want_audio else None
         self.item = Item(new_id("item"), "assistant", [content], status="in_progress", ledger=ledger)
+        self._index = len(self.outputs)
+        self.outputs.append(self.item)
         prev = None
         if self.plan.in_conversation:
             prev = self._conversation.insert(self.item)
-        ids = {"response_id": self.id}
-        self._outbox.put(
-            {"type": "response.output_item.added", **ids, "output_index": 0, "item": self.item.wire()}
-        )
+        ids = {"response_id": self.id, "output_index": self._index}
+        self._outbox.put({"type": "response.output_item.added", **ids, "item": self.item.wire()})
         if self.plan.in_conversation:
             self._outbox.put(
                 {"type": "conversation.item.added", "previous_item_id": prev, "item": self.item.wire()}
@@ -173,9 +199,20 @@ class Response:
 
     def _where(self) -> dict[str, Any]:
         assert self.item is not None
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        return {
+            "response_id": self.id,
+            "item_id": self.item.id,
+            "output_index": self._index,
+            "content_index": 0,
+        }
 
     def _on_text(self, text: str) -> None:
+        if self.item is None:
+            if not text.strip():  # whitespace around calls opens no message
+                self._pending += text
+                return
+            self._open_item()
+            text, self._pending = self._pending + text, ""
         assert self.item is not None
         self._transcript += text
         if self.item.ledger is not None:
@@ -225,6 +262,7 @@ class Response:
         item = self.item
         if item is not None:
             self._close_item(item)
+        self._calls.close()
         self._emit("response.done")
         on_done, self._on_done = self._on_done, None
         if on_done is not None:
@@ -249,14 +287,8 @@ class Response:
             self._outbox.put({"type": "response.output_text.done", **where, "text": self._transcript})
             part = {"type": "output_text", "text": self._transcript}
         self._outbox.put({"type": "response.content_part.done", **where, "part": part})
-        self._outbox.put(
-            {
-                "type": "response.output_item.done",
-                "response_id": self.id,
-                "output_index": 0,
-                "item": item.wire(),
-            }
-        )
+        ids = {"response_id": self.id, "output_index": self._index}
+        self._outbox.put({"type": "response.output_item.done", **ids, "item": item.wire()})
         if self.plan.in_conversation:
             self._outbox.put({"type": "conversation.item.done", "item": item.wire()})
 
@@ -270,7 +302,7 @@ class Response:
             "object": "realtime.response",
             "status": self.status,
             "status_details": self.status_details,
-            "output": [self.item.wire()] if self.item is not None else [],
+            "output": [i.wire() for i in self.outputs],
             "conversation_id": "auto" if plan.in_conversation else None,
             "output_modalities": ["audio"] if plan.want_audio else ["text"],
             "max_output_tokens": plan.thinker.max_tokens,

@@ -174,7 +174,7 @@ class Session:
         """`conversation.item.*`. A truncate of the item being generated applies once its response
         ends, against the audio that was really sent."""
         conversation, fmt = self.conversation, self.settings.input_format
-        generating = self.response.item if self.response is not None else None
+        generating = self.response.outputs if self.response is not None else []
         if isinstance(e, p.ItemCreate):
             info, max_s = self.engine.info, self.turns.max_seconds
             await items.create(e, conversation, self.outbox, info, fmt, max_s)
@@ -185,7 +185,7 @@ class Session:
             items.delete(e, conversation, self.outbox, generating)
         elif isinstance(e, p.ItemTruncate):
             item = items.truncatable(e, conversation)
-            if item is generating:
+            if self.response is not None and item is self.response.item:
                 self._deferred_truncates[item.id] = e.audio_end_ms
             else:
                 items.apply_truncate(self.outbox, item, e.audio_end_ms)
@@ -234,7 +234,9 @@ class Session:
         """Early start: while the user speaks, prefill the conversation so far into the engine's prefix
         cache, so the turn's response prefills only the new audio."""
         try:
-            built = await build_prompt(self.engine, self.conversation, self.settings.instructions)
+            tools = self.settings.tools.for_engine()  # as the turn's response will offer them
+            functions = tools.functions if tools is not None else ()
+            built = await build_prompt(self.engine, self.conversation, self.settings.instructions, functions)
             if not isinstance(built, str):
                 await self.engine.warm(built[0], self.id)
         except Exception:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from omnivoice.types import FunctionSpec, Tools
+
 # OpenAI's rule for function names
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -71,15 +73,20 @@ class SessionTools:
         """The functions the prompt offers: none with tool_choice "none"."""
         return () if self.choice == "none" else self.functions
 
+    def for_engine(self) -> Tools | None:
+        """What the engine is asked to offer the model; None with no function offered. Calls may
+        come several in one response (the session API has no parallel_tool_calls)."""
+        if not self.offered:
+            return None
+        functions = tuple(FunctionSpec(f.name, f.description, f.parameters) for f in self.offered)
+        choice: Literal["auto", "required"] = "required" if self.choice == "required" else "auto"
+        return Tools(functions, choice, self.function)
+
     def wire_tools(self) -> list[dict[str, Any]]:
         return [f.wire() for f in self.functions]
 
     def wire_choice(self) -> str | dict[str, Any]:
         return {"type": "function", "name": self.function} if self.function else self.choice
-
-    def texts(self) -> list[str]:
-        """What the prompt holds for the offered functions, as text (for size checks)."""
-        return [f.name + (f.description or "") + str(f.parameters or "") for f in self.offered]
 
 
 def resolve_tools(
