@@ -9,9 +9,10 @@ drops the deltas still queued, and ends the response with status `cancelled`.
 A response may take over an engine request started before it (`EarlyStart`: a speculative start,
 speculation.py) instead of starting its own; what that request made so far is streamed first.
 
-A response that offers functions has output items in the order they start: the assistant message (its
-text and audio), opened once the model says something, and a `function_call` item per call
-(calls.py); a response that is only calls has no message and no audio.
+A response's output items come in the order they start: the assistant message (its text and audio,
+message.py) and, when it offers functions, a `function_call` item per call (calls.py). With functions
+offered the message opens once the model says something, so a response that is only calls has no
+message and no audio.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.calls import ResponseCalls
-from omnivoice.server.session.conversation import Content, Conversation, Item, new_id
+from omnivoice.server.session.conversation import Conversation, Item, new_id
 from omnivoice.server.session.generation import EarlyStart, ResponsePlan, start_generation
 from omnivoice.server.session.ledger import AudioLedger
+from omnivoice.server.session.message import ResponseMessage
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.pacing import Pacer
 from omnivoice.server.session.server_events import error, format_object, usage_object
@@ -72,11 +74,10 @@ class Response:
         self.cancel_reason = "client_cancelled"
         self.messages: list[ChatMessage] = []  # the history this response was prompted with
         self.usage: Usage | None = None
-        self.item: Item | None = None  # the assistant message, once opened
         self.outputs: list[Item] = []  # every output item, in output order
-        self._index = 0  # the message's output index
-        self._pending = ""  # whitespace said before the message opened (a reply may be only calls)
         kept = conversation if plan.in_conversation else None
+        rate = plan.output_format.sample_rate if plan.want_audio else None
+        self._message = ResponseMessage(self.id, outbox, kept, self.outputs, rate)
         self._calls = ResponseCalls(self.id, outbox, kept, self.outputs)
         self._engine = engine
         self._outbox = outbox
@@ -86,7 +87,6 @@ class Response:
         # called once, then dropped: the session keeps its last response, and a response holding the
         # session's bound method would make a reference cycle that only the cyclic GC frees
         self._on_done: Callable[[Response], None] | None = on_done
-        self._transcript = ""
         self._early = early
         self.task: asyncio.Task[None] | None = None
 
@@ -152,19 +152,19 @@ class Response:
             started = made
         self.messages = started.messages
         if started.request.tools is None:  # no call can come: the message opens at once
-            self._open_item()
+            self._message.open()
         ahead = started.ahead  # closing it early aborts the request in every stage
         try:
             async for out in ahead:
                 if isinstance(out, TextDelta) and out.text:
-                    self._on_text(out.text)
+                    self._message.say(out.text)
                 elif isinstance(out, ToolCallDelta):
                     self._calls.delta(out)
                 elif isinstance(out, ToolCallDone):
                     self._calls.done(out)
                 elif isinstance(out, AudioChunk) and plan.want_audio and out.pcm.size:
                     if self.item is None:
-                        self._open_item()
+                        self._message.open()
                     await self._send_audio(self._resampler.process(out.pcm), ahead.failed)
                 elif isinstance(out, Finished):
                     self.usage = out.usage
@@ -177,51 +177,6 @@ class Response:
         if self.item is not None and self.item.ledger is not None:
             self.item.ledger.complete = ended
 
-    def _open_item(self) -> None:
-        audio = self.plan.want_audio
-        kind: Literal["output_audio", "output_text"] = "output_audio" if audio else "output_text"
-        content = Content(kind, transcript="" if self.plan.want_audio else None, text=None)
-        ledger = AudioLedger(self.plan.output_format.sample_rate) if self.plan.want_audio else None
-        self.item = Item(new_id("item"), "assistant", [content], status="in_progress", ledger=ledger)
-        self._index = len(self.outputs)
-        self.outputs.append(self.item)
-        prev = None
-        if self.plan.in_conversation:
-            prev = self._conversation.insert(self.item)
-        ids = {"response_id": self.id, "output_index": self._index}
-        self._outbox.put({"type": "response.output_item.added", **ids, "item": self.item.wire()})
-        if self.plan.in_conversation:
-            self._outbox.put(
-                {"type": "conversation.item.added", "previous_item_id": prev, "item": self.item.wire()}
-            )
-        part = {"type": kind, "transcript": ""} if self.plan.want_audio else {"type": kind, "text": ""}
-        self._outbox.put({"type": "response.content_part.added", **self._where(), "part": part})
-
-    def _where(self) -> dict[str, Any]:
-        assert self.item is not None
-        return {
-            "response_id": self.id,
-            "item_id": self.item.id,
-            "output_index": self._index,
-            "content_index": 0,
-        }
-
-    def _on_text(self, text: str) -> None:
-        if self.item is None:
-            if not text.strip():  # whitespace around calls opens no message
-                self._pending += text
-                return
-            self._open_item()
-            text, self._pending = self._pending + text, ""
-        assert self.item is not None
-        self._transcript += text
-        if self.item.ledger is not None:
-            self.item.ledger.add_text(text)
-        kind = (
-            "response.output_audio_transcript.delta" if self.plan.want_audio else "response.output_text.delta"
-        )
-        self._outbox.put({"type": kind, **self._where(), "delta": text})
-
     async def _send_audio(self, pcm: np.ndarray, stop: asyncio.Event) -> None:
         """Send `pcm` in paced deltas; what is left once `stop` is set is dropped."""
         assert self.item is not None and self.item.ledger is not None
@@ -233,7 +188,7 @@ class Response:
             if not await self._pacer.wait(piece.size / fmt.sample_rate, stop):
                 return
             delta = base64.b64encode(fmt.encode(piece)).decode("ascii")
-            event = {"type": "response.output_audio.delta", **self._where(), "delta": delta}
+            event = {"type": "response.output_audio.delta", **self._message.where(), "delta": delta}
             on_sent = lambda n=piece.size: _count_sent(ledger, n)  # noqa: E731
             self._outbox.put(event, on_sent, pcm=piece, rate=fmt.sample_rate)
 
@@ -258,39 +213,18 @@ class Response:
         self.status = "failed"
         self.status_details = {"type": "failed", "error": {"type": type_, "code": code, "message": message}}
 
+    @property
+    def item(self) -> Item | None:
+        """The assistant message's item, once it opened."""
+        return self._message.item
+
     def _finish(self) -> None:
-        item = self.item
-        if item is not None:
-            self._close_item(item)
+        self._message.close(self.status == "completed")
         self._calls.close()
         self._emit("response.done")
         on_done, self._on_done = self._on_done, None
         if on_done is not None:
             on_done(self)
-
-    def _close_item(self, item: Item) -> None:
-        content = item.content[0]
-        where = self._where()
-        item.status = "completed" if self.status == "completed" else "incomplete"
-        if self.plan.want_audio:
-            ledger = item.ledger
-            assert ledger is not None
-            heard = self._transcript if ledger.complete else ledger.heard_transcript(ledger.sent_ms)
-            content.transcript = heard
-            self._outbox.put({"type": "response.output_audio.done", **where})
-            self._outbox.put(
-                {"type": "response.output_audio_transcript.done", **where, "transcript": self._transcript}
-            )
-            part = {"type": "output_audio", "transcript": self._transcript}
-        else:
-            content.text = self._transcript
-            self._outbox.put({"type": "response.output_text.done", **where, "text": self._transcript})
-            part = {"type": "output_text", "text": self._transcript}
-        self._outbox.put({"type": "response.content_part.done", **where, "part": part})
-        ids = {"response_id": self.id, "output_index": self._index}
-        self._outbox.put({"type": "response.output_item.done", **ids, "item": item.wire()})
-        if self.plan.in_conversation:
-            self._outbox.put({"type": "conversation.item.done", "item": item.wire()})
 
     def _emit(self, kind: str) -> None:
         self._outbox.put({"type": kind, "response": self.wire()})
