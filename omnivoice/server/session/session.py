@@ -37,6 +37,7 @@ from omnivoice.server.session.response import Response
 from omnivoice.server.session.server_events import error, session_object
 from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
 from omnivoice.server.session.speculation import Speculation, SpeculationStats, Speculator
+from omnivoice.server.session.tools import SessionTools
 from omnivoice.server.session.transcription import Transcriber
 from omnivoice.server.session.turns import Turns
 from omnivoice.types import text_exceeds
@@ -165,6 +166,8 @@ class Session:
             new = apply_patch(self.settings, patch, info.voices, info.default_voice)
         except SettingsError as err:
             raise p.ProtocolError(str(err), "invalid_value", err.param, event_id) from None
+        if new.tools != self.settings.tools:
+            self._check_tools(new.tools, "session.tools", event_id)
         old, self.settings = self.settings, new
         if new.output_format != old.output_format:
             self._out = StreamResampler(info.sample_rate, new.output_format.sample_rate)
@@ -279,7 +282,20 @@ class Session:
 
     # ---- responses -----------------------------------------------------------------------------
     def _plan(self, r: p.ResponseParams | None, event_id: str | None) -> ResponsePlan:
-        return plan_response(self.settings, self.profile.stages, self.engine.info, r, event_id)
+        plan = plan_response(self.settings, self.profile.stages, self.engine.info, r, event_id)
+        if plan.tools != self.settings.tools:  # the response's own
+            self._check_tools(plan.tools, "response.tools", event_id)
+        return plan
+
+    def _check_tools(self, tools: SessionTools, param: str, event_id: str | None) -> None:
+        """ProtocolError when the call `tools` require cannot be enforced (a schema that does not
+        compile): refused when set, not when a response needs it."""
+        offered = tools.for_engine()
+        try:
+            if offered is not None:
+                self.engine.check_tools(offered)
+        except ValueError as err:
+            raise p.ProtocolError(str(err), "invalid_schema", param, event_id) from None
 
     def _create_response(self, e: p.ResponseCreate) -> None:
         if self.response is not None:

@@ -108,3 +108,21 @@ async def test_text_then_a_call_and_tool_choice_none(srv: FakeServer) -> None:
     # tool_choice none: no function offered, in the prompt or to the engine; no call
     assert srv.engine.requests[-1].tools is None and srv.engine.tools[-1] == ()
     assert [i.type for i in plain.output] == ["message"]
+
+
+async def test_a_required_call_whose_schema_cannot_be_enforced_is_refused(srv: FakeServer) -> None:
+    town = {"type": "function", "name": "f", "parameters": {"properties": {"x": {"type": "town"}}}}
+    async with client(srv.url).realtime.connect(model="omnivoice") as conn:
+        rec = Recorder(conn)
+        await rec.next("session.created")
+        await conn.session.update(session={"type": "realtime", "tools": [town], "tool_choice": "required"})
+        refused = (await rec.next("error")).error
+        await conn.session.update(session={"type": "realtime", "tools": [town]})  # auto: nothing to enforce
+        kept = (await rec.next("session.updated")).session
+        await conn.conversation.item.create(item=ASK)  # type: ignore[arg-type]
+        await conn.response.create(response={"tool_choice": "required"})
+        refused_response = (await rec.next("error")).error
+        await rec.close()
+    assert refused.param == "session.tools" and refused.code == "invalid_schema" and "town" in refused.message
+    assert kept.tools[0].name == "f" and kept.tool_choice == "auto"
+    assert refused_response.param == "response.tools" and "response.created" not in rec.types()
