@@ -17,7 +17,6 @@ import logging
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad
@@ -35,12 +34,11 @@ from omnivoice.server.session.planning import plan_response
 from omnivoice.server.session.prompting import build_prompt
 from omnivoice.server.session.response import Response
 from omnivoice.server.session.server_events import error, session_object
-from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
+from omnivoice.server.session.session_config import SessionSettings
 from omnivoice.server.session.speculation import Speculation, SpeculationStats, Speculator
-from omnivoice.server.session.tools import SessionTools
 from omnivoice.server.session.transcription import Transcriber
 from omnivoice.server.session.turns import Turns
-from omnivoice.types import text_exceeds
+from omnivoice.server.session.updating import check_tools, updated_settings
 
 log = logging.getLogger(__name__)
 
@@ -151,26 +149,10 @@ class Session:
     def apply_settings(self, session: dict[str, Any], event_id: str | None = None) -> None:
         """Validate and apply a `session.update` object (nothing applies if any of it is bad: raises
         ProtocolError). Also called before `start()` with a client secret's session settings."""
-        try:
-            patch = SessionPatch.model_validate(session)
-        except ValidationError as err:
-            raise p.session_patch_error(err, event_id) from None
-        info = self.engine.info
-        if patch.instructions and text_exceeds([patch.instructions], info.max_prompt_chars):
-            raise p.too_long("session.instructions", len(patch.instructions), info, event_id)
-        asr = patch.audio.input.transcription if patch.audio and patch.audio.input else None
-        asr = asr or patch.input_audio_transcription
-        if asr is not None and asr.prompt and text_exceeds([asr.prompt], info.max_prompt_chars):
-            raise p.too_long("session.audio.input.transcription.prompt", len(asr.prompt), info, event_id)
-        try:
-            new = apply_patch(self.settings, patch, info.voices, info.default_voice)
-        except SettingsError as err:
-            raise p.ProtocolError(str(err), "invalid_value", err.param, event_id) from None
-        if new.tools != self.settings.tools:
-            self._check_tools(new.tools, "session.tools", event_id)
+        new = updated_settings(self.settings, session, self.engine, event_id)
         old, self.settings = self.settings, new
         if new.output_format != old.output_format:
-            self._out = StreamResampler(info.sample_rate, new.output_format.sample_rate)
+            self._out = StreamResampler(self.engine.info.sample_rate, new.output_format.sample_rate)
         self.turns.configure(new)
 
     async def _item_event(self, e: p.ClientEvent) -> None:
@@ -284,18 +266,8 @@ class Session:
     def _plan(self, r: p.ResponseParams | None, event_id: str | None) -> ResponsePlan:
         plan = plan_response(self.settings, self.profile.stages, self.engine.info, r, event_id)
         if plan.tools != self.settings.tools:  # the response's own
-            self._check_tools(plan.tools, "response.tools", event_id)
+            check_tools(self.engine, plan.tools, "response.tools", event_id)
         return plan
-
-    def _check_tools(self, tools: SessionTools, param: str, event_id: str | None) -> None:
-        """ProtocolError when the call `tools` require cannot be enforced (a schema that does not
-        compile): refused when set, not when a response needs it."""
-        offered = tools.for_engine()
-        try:
-            if offered is not None:
-                self.engine.check_tools(offered)
-        except ValueError as err:
-            raise p.ProtocolError(str(err), "invalid_schema", param, event_id) from None
 
     def _create_response(self, e: p.ResponseCreate) -> None:
         if self.response is not None:
