@@ -126,3 +126,24 @@ async def test_a_required_call_whose_schema_cannot_be_enforced_is_refused(srv: F
     assert refused.param == "session.tools" and refused.code == "invalid_schema" and "town" in refused.message
     assert kept.tools[0].name == "f" and kept.tool_choice == "auto"
     assert refused_response.param == "response.tools" and "response.created" not in rec.types()
+
+
+async def test_a_call_cut_short_ends_incomplete_with_what_was_written(srv: FakeServer) -> None:
+    srv.engine.script = Script(texts=(), audio_chunks=0, tool_calls=(("get_weather", ARGS),), delay=0.5)
+    try:
+        async with client(srv.url).realtime.connect(model="omnivoice") as conn:
+            rec = Recorder(conn)
+            await rec.next("session.created")
+            await conn.session.update(session={"type": "realtime", "tools": [WEATHER]})
+            await conn.conversation.item.create(item=ASK)  # type: ignore[arg-type]
+            await conn.response.create()
+            await rec.next("response.function_call_arguments.delta")  # half the arguments
+            await conn.response.cancel()
+            done = (await rec.next("response.done")).response
+            await rec.close()
+    finally:
+        srv.engine.script = Script(texts=(), audio_chunks=0, tool_calls=(("get_weather", ARGS),))
+    cut = next(e for e in of_response(rec, done.id) if e.type == "response.function_call_arguments.done")
+    assert done.status == "cancelled" and done.output[0].status == "incomplete"
+    assert cut.arguments == done.output[0].arguments == ARGS[: len(ARGS) // 2]
+    assert of_response(rec, done.id)[-1].type == "response.output_item.done"
