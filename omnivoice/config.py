@@ -178,10 +178,74 @@ class Code2WavStage(StageConfig):
     chunk: ChunkConfig = ChunkConfig()
 
 
+class PriorityConfig(_Strict):
+    """First audio first: how the stages order their work by where each request's playback stands.
+
+    A request's slack is the audio a stage has produced for it minus the time since its first audio
+    left the engine. FIRST (no audio yet) and DRY (slack under `low_watermark_s`) work goes ahead of
+    NORMAL work, which goes ahead of AHEAD work (slack over `high_watermark_s`)."""
+
+    enabled: bool = Field(
+        True,
+        description="order admission and steps by playback state, and let stages whose work is all AHEAD "
+        "give way to FIRST or DRY work elsewhere on their device; false: arrival order, no yielding",
+    )
+    low_watermark_s: float = Field(
+        0.5, ge=0.0, description="slack (seconds of audio ahead of playback) under which a request is DRY"
+    )
+    high_watermark_s: float = Field(
+        2.0, gt=0.0, description="slack over which a request is AHEAD and may wait for FIRST or DRY work"
+    )
+    yield_ms: float = Field(
+        2.0, gt=0.0, description="a stage whose work is all AHEAD waits this long per step it gives way"
+    )
+    max_yield_ms: float = Field(
+        40.0,
+        ge=0.0,
+        description="longest a stage gives way in a row before it steps anyway (AHEAD work is never starved)",
+    )
+
+    @model_validator(mode="after")
+    def _check_watermarks(self) -> PriorityConfig:
+        if self.high_watermark_s <= self.low_watermark_s:
+            raise ValueError("high_watermark_s must be above low_watermark_s")
+        return self
+
+
+class CapacityConfig(_Strict):
+    """Admission from measured capacity: the engine fits each stage's step time against its batch size
+    from its own steps, and admits a new audio stream only while every stage would still keep up with
+    real time with one more (the fixed limits, max_batch + max_queue, max_sessions and
+    max_concurrent_requests, stay upper bounds)."""
+
+    enabled: bool = Field(
+        True,
+        description="refuse streams that the measured capacity cannot serve in real time; false: the fixed "
+        "limits only",
+    )
+    headroom: float = Field(
+        0.8,
+        gt=0.0,
+        le=1.0,
+        description="share of real time a stage's steps may take at the admitted load (the rest absorbs "
+        "prefills, jitter and what the fit does not see)",
+    )
+    min_steps: int = Field(
+        20, ge=1, description="steps a stage must have measured before its estimate limits admission"
+    )
+    min_slack_s: float = Field(
+        0.0,
+        description="while an admitted stream's audio is less than this far ahead of real time since its "
+        "first audio (below 0: a player started at the first chunk has run dry), no new stream is admitted",
+    )
+
+
 class StagesConfig(_Strict):
     thinker: ThinkerStage = ThinkerStage()
     talker: TalkerStage = TalkerStage()
     code2wav: Code2WavStage = Code2WavStage()
+    priority: PriorityConfig = PriorityConfig()
+    capacity: CapacityConfig = CapacityConfig()
     warm_burst: bool | None = Field(
         None,
         description="before serving, one burst of short requests as wide as the narrowest stage's "

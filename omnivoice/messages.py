@@ -27,6 +27,14 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class AudioStarted:
+    """Engine -> thinker and talker: the request's first audio has left Code2Wav, so its playback
+    started; from now on the stage measures how far its output runs ahead (runners/priority.py)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
 class ForgetPrefix:
     """Engine -> thinker: a conversation ended; free its cached prefix."""
 
@@ -97,5 +105,5 @@ class StageFinished:
     error: str | None = None
 
 
-StageInput = NewRequest | ThinkerChunk | CodecChunk | Abort | ForgetPrefix | Shutdown
+StageInput = NewRequest | ThinkerChunk | CodecChunk | AudioStarted | Abort | ForgetPrefix | Shutdown
 EngineMessage = TokenOutput | PcmOutput | StageFinished

@@ -228,6 +228,9 @@ class StageStats:
     pid: int = 0
     rss_bytes: int = 0
     open_fds: int = 0
+    # (batch size, mean step seconds, steps) per batch size its steps ran (engine/capacity.py)
+    step_times: tuple[tuple[int, float, int], ...] = ()
+    gave_way_s: float = 0.0  # time it waited, its work all AHEAD, for urgent work on its device
 
     @property
     def live_requests(self) -> int:
@@ -249,7 +252,34 @@ class StageStats:
             tombstones=sum(p.tombstones for p in parts),
             prefixes=sum(p.prefixes for p in parts),
             kv_slots_used=sum(p.kv_slots_used for p in parts),
+            gave_way_s=sum(p.gave_way_s for p in parts),
         )
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The audio streams the engine measures it can serve in real time (engine/capacity.py)."""
+
+    streams: int | None  # None: not measured yet, or measured admission is off
+    active_streams: int  # requests with audio in the engine now
+    worst_slack_s: float | None = None  # least audio ahead of real time among streams already playing
+    stalled: bool = False  # a stream's slack is under capacity.min_slack_s: admit no new stream
+    stages: tuple[tuple[str, int | None], ...] = ()  # each stage's own figure
+
+    def refusal(self, promised: int) -> str | None:
+        """Why one more stream, on top of `promised` admitted ones, cannot be served in real time, or
+        None if it can."""
+        if self.stalled:
+            return (
+                f"an admitted stream's audio is running behind real time (slack {self.worst_slack_s:.2f} s); "
+                "retry shortly"
+            )
+        if self.streams is not None and promised + 1 > self.streams:
+            return (
+                f"the server is at its measured capacity of {self.streams} real-time audio streams; "
+                "retry shortly"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -258,6 +288,7 @@ class EngineStats:
     active_requests: int
     conversations: int = 0  # conversations the router keeps a thinker replica for (cache_key affinity)
     routed: int = 0  # requests counted against a replica by the router (sum of replica_load)
+    capacity: Capacity | None = None
 
 
 # The talker's context holds a prompt's user positions plus 9 (the assistant start, tts pads and bos,

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from omnivoice.config import Profile
+from omnivoice.engine.capacity import engine_capacity
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.device_fault import exit_soon
 from omnivoice.engine.leftovers import reclaim
@@ -28,13 +29,22 @@ from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.engine.stage import StageCrashed
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
-from omnivoice.messages import Abort, ForgetPrefix, NewRequest, PcmOutput, StageFinished, TokenOutput
+from omnivoice.messages import (
+    Abort,
+    AudioStarted,
+    ForgetPrefix,
+    NewRequest,
+    PcmOutput,
+    StageFinished,
+    TokenOutput,
+)
 from omnivoice.models.dummy import DummySource
 from omnivoice.models.grammars import grammar_error
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.models.tool_calls import call_grammar
 from omnivoice.types import (
     STAGES,
+    Capacity,
     ChatMessage,
     EngineOutput,
     EngineOverloaded,
@@ -71,6 +81,11 @@ class Engine:
         # requests one replica of each stage may hold (running + waiting); more are refused at once
         stages = [profile.stages.stage(s) for s in STAGES]
         self._capacity = tuple(s.max_batch + s.max_queue for s in stages)
+        # what one step must keep up with, per request: a frame of audio (the thinker's text: one token
+        # per frame), or a chunk of frames (Code2Wav)
+        frame_s = 1.0 / model.spec.frame_rate
+        chunk = profile.stages.code2wav.chunk.frames
+        self._step_budgets = {"thinker": frame_s, "talker": frame_s, "code2wav": chunk * frame_s}
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         # what a device fault in a stage of this process does: end the process (device_fault.exit_soon)
         self.on_device_fault: Callable[[str], None] = exit_soon
@@ -208,14 +223,31 @@ class Engine:
             state.finish("abort")
 
     def stats(self) -> EngineStats:
-        """Per stage, summed over its replicas (last_batch_size: the largest)."""
+        """Per stage, summed over its replicas (last_batch_size: the largest), and the capacity."""
         with self._lock:
             active = len(self._requests)
             conversations = self._router.conversations
             routed = sum(map(sum, self._router.load()))
         per = self.replica_stats()
         stages = tuple(StageStats.total(s, [x for x in per if x.name == s]) for s in STAGES)
-        return EngineStats(stages, active, conversations=conversations, routed=routed)
+        capacity = self.capacity()
+        return EngineStats(stages, active, conversations=conversations, routed=routed, capacity=capacity)
+
+    def capacity(self) -> Capacity:
+        """The audio streams the stages can serve in real time, fitted to their measured step times
+        (engine/capacity.py), the streams in flight and the least slack among them."""
+        cfg = self.profile.stages.capacity
+        now = time.monotonic()
+        with self._lock:
+            streams = [s for s in self._requests.values() if s.request.want_audio]
+            slacks = [x for s in streams if (x := s.slack(now)) is not None]
+        worst = min(slacks, default=None)
+        if not cfg.enabled:
+            return Capacity(None, len(streams), worst)
+        caps: dict[str, int] = dict(zip(STAGES, self._capacity, strict=True))
+        total, per_stage = engine_capacity(self.replica_stats(), self._step_budgets, caps, cfg)
+        stalled = worst is not None and worst < cfg.min_slack_s
+        return Capacity(total, len(streams), worst, stalled, tuple(per_stage.items()))
 
     def replica_stats(self) -> tuple[StageStats, ...]:
         """Every stage worker's own figures."""
@@ -314,7 +346,11 @@ class Engine:
         if isinstance(msg, TokenOutput):
             state.on_tokens(msg)
         elif isinstance(msg, PcmOutput):
-            state.on_pcm(msg, self.spec.output_sample_rate)
+            if state.on_pcm(msg, self.spec.output_sample_rate) and self.profile.stages.priority.enabled:
+                # its playback starts: the thinker and talker measure its slack from now on
+                route = state.request.route
+                self._pipeline.send("thinker", AudioStarted(rid), replica=route[0])
+                self._pipeline.send("talker", AudioStarted(rid), replica=route[1])
         elif isinstance(msg, StageFinished) and msg.reason == "error":
             self._fail(rid, msg.error or f"{msg.stage} failed")
         elif isinstance(msg, StageFinished) and (reason := state.on_stage_finished(msg)) is not None:

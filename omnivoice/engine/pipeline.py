@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
+from omnivoice.engine.board import PriorityBoard, seats
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
 from omnivoice.engine.leftovers import RunRecord
@@ -77,6 +78,11 @@ class Pipeline:
             "code2wav": [],
         }
         workers = [(s, r) for s in STAGES for r in range(cfg(s).replicas)]
+        # the priority board of the workers on this machine (Ray actors order their own work only)
+        n = len(workers)
+        board = PriorityBoard.shared(ctx, n) if use_processes else PriorityBoard.local(n)
+        seat = seats(board, [(w, cfg(w[0]).replica_device(w[1])) for w in workers])
+        priority = profile.stages.priority
         in_thread = tuple(w for w in workers if cfg(w[0]).worker == "thread")
         if in_thread:
             from omnivoice.runners.factory import build_runners
@@ -85,7 +91,13 @@ class Pipeline:
             freeze_built_objects("stages in the server process")
             for s, r in in_thread:
                 worker = StageWorker(
-                    runners[(s, r)], inboxes[s][r], downstream[s], pipe.engine_inbox, replica=r
+                    runners[(s, r)],
+                    inboxes[s][r],
+                    downstream[s],
+                    pipe.engine_inbox,
+                    replica=r,
+                    seat=seat[(s, r)],
+                    priority=priority,
                 )
                 t = threading.Thread(target=worker.run, name=f"stage-{s}-{r}", daemon=True)
                 t.start()
@@ -107,6 +119,7 @@ class Pipeline:
                     downstream[s],
                     pipe.engine_inbox,
                     os.getpid(),
+                    seat[(s, r)],
                 ),
                 name=f"omnivoice-{s}-{r}",
                 daemon=True,

@@ -67,10 +67,17 @@ class StageActor:
             self.engine.put(StageCrashed(self.name, repr(e)))
             return
         freeze_built_objects(f"{self.name} stage (replica {self.replica})")
+        # no parent pid: Ray ends an actor whose driver is gone; no shared board: an actor may run on
+        # another node, so it orders its own work only
         worker = StageWorker(
-            runner[(self.name, self.replica)], self.inbox, self.downstream, self.engine, replica=self.replica
+            runner[(self.name, self.replica)],
+            self.inbox,
+            self.downstream,
+            self.engine,
+            replica=self.replica,
+            priority=profile.stages.priority,
         )
-        worker.run()  # no parent pid: Ray ends an actor whose driver is gone
+        worker.run()
 
 
 def actor_resources(profile: Profile, stage: StageName, replica: int) -> dict[str, float]:

@@ -10,6 +10,7 @@ call when the request allows no parallel calls).
 from __future__ import annotations
 
 import asyncio
+import time
 
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.messages import PcmOutput, StageFinished, TokenOutput
@@ -37,6 +38,8 @@ class RequestState:
         self.talker: StageFinished | None = None
         self.audio: StageFinished | None = None
         self.audio_index = 0
+        self.first_audio_at: float | None = None  # monotonic seconds
+        self.audio_s = 0.0  # seconds of audio received
         self.done = False
         self.parser = ToolCallParser(request.request_id) if request.tools else None
         self.max_calls = None if request.tools is None or request.tools.parallel else 1
@@ -64,9 +67,22 @@ class RequestState:
         if token_ids:
             self.emit(TextDelta(rid, token_ids, ""))
 
-    def on_pcm(self, msg: PcmOutput, sample_rate: int) -> None:
+    def on_pcm(self, msg: PcmOutput, sample_rate: int) -> bool:
+        """Hand on a piece of audio; True if it is the request's first."""
         self.emit(AudioChunk(msg.request_id, self.audio_index, msg.pcm, sample_rate))
         self.audio_index += 1
+        self.audio_s += len(msg.pcm) / sample_rate
+        first = self.first_audio_at is None
+        if first:
+            self.first_audio_at = time.monotonic()
+        return first
+
+    def slack(self, now: float) -> float | None:
+        """Seconds of audio received ahead of real time since the first (a player started then has
+        this much left); None before the first audio and once all of it has come."""
+        if self.first_audio_at is None or self.audio is not None:
+            return None
+        return self.audio_s - (now - self.first_audio_at)
 
     def on_stage_finished(self, msg: StageFinished) -> FinishReason | None:
         """Record a stage's end of the request (not an error: the engine fails those); the request's

@@ -1,9 +1,14 @@
 """StageWorker: the loop every stage runs, in a thread or in its own process.
 
-    loop { take new inputs; runner.step(batch); route outputs }
+    loop { take new inputs; publish urgency; give way, or runner.step(defer_ahead); route outputs }
 
-The runner decides what runs in a step (its own continuous batching); the worker owns messaging and
-failure handling: a runner error fails the requests it was working on, never the worker.
+The runner decides what runs in a step (its own continuous batching, in playback order:
+runners/priority.py); the worker owns messaging and failure handling: a runner error fails the
+requests it was working on, never the worker. Through its seat on the priority board (engine/board.py)
+the worker tells the workers on its device how urgent its work is, and learns how urgent theirs is:
+while any holds FIRST or DRY work, its own AHEAD requests wait (`defer_ahead`), and if all its work
+is AHEAD it gives way for a moment, at most `max_yield_ms` in a row. It also times its steps by batch
+size, what the engine's measured capacity is fitted to (engine/capacity.py).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from omnivoice.config import PriorityConfig
+from omnivoice.engine.board import PriorityBoard, Seat
+from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
 from omnivoice.engine.device_fault import DeviceFault, is_device_fault
 from omnivoice.engine.process_stats import process_stats
@@ -28,6 +36,7 @@ from omnivoice.messages import (
     ThinkerChunk,
     TokenOutput,
 )
+from omnivoice.runners.priority import Priority
 from omnivoice.types import STAGES, StageName, StageStats
 
 log = logging.getLogger(__name__)
@@ -60,7 +69,13 @@ class StageRunner(Protocol):
         """True when a step can make progress now (not merely when requests are held)."""
         ...
 
-    def step(self) -> list[Any]: ...
+    def urgency(self) -> Priority | None:
+        """The most urgent class of the work a step can do now; None if there is none."""
+        ...
+
+    def step(self, defer_ahead: bool = False) -> list[Any]:
+        """One step of the work it holds; without its AHEAD requests when `defer_ahead`."""
+        ...
 
     def active_ids(self) -> list[str]: ...
 
@@ -89,9 +104,18 @@ class StageWorker:
         engine: Connector,
         parent_pid: int | None = None,
         replica: int = 0,
+        seat: Seat | None = None,
+        priority: PriorityConfig | None = None,
     ) -> None:
+        """`seat`: its place on the board shared with the workers on its device (default: a board of
+        its own, as a Ray actor has)."""
         self.runner = runner
         self.replica = replica
+        self.seat = seat or Seat(PriorityBoard.local(1), 0, ())
+        self.priority = priority or PriorityConfig()
+        self._gave_way_s = 0.0  # in all
+        self._giving_way_s = 0.0  # in a row, since its last step
+        self._step_times = StepTimes()
         # the next stage's replica of each request in flight here (sticky: from its route)
         self._next: dict[str, int] = {}
         self.parent_pid = parent_pid  # a stage process exits when the server that started it is gone
@@ -113,6 +137,8 @@ class StageWorker:
         except DeviceFault as e:
             log.critical("%s stage (replica %d) stopped: %s", self.runner.name, self.replica, e)
             self.engine.put(StageCrashed(self.runner.name, str(e), device_fault=True))
+        finally:
+            self.seat.publish(None)  # a worker that is gone holds no one up
 
     def _serve(self) -> None:
         name = self.runner.name
@@ -124,6 +150,7 @@ class StageWorker:
             if self.runner.has_work():
                 msgs = self.inbox.drain()
             else:
+                self.seat.publish(None)
                 first = self.inbox.get(timeout=0.5)
                 msgs = [] if first is None else [first, *self.inbox.drain()]
             if self.parent_pid is not None and time.monotonic() >= next_parent_check:
@@ -141,8 +168,31 @@ class StageWorker:
             if msgs:
                 self._report_slow(f"taking {len(msgs)} messages", time.perf_counter() - began)
             if self.runner.has_work():
-                self._step()
+                defer = self._plan()
+                if defer is None:
+                    self._give_way()
+                else:
+                    self._step(defer)
             self._publish_stats()
+
+    def _plan(self) -> bool | None:
+        """Publish how urgent this stage's work is; whether its next step defers its AHEAD requests,
+        or None: give way instead (all its work is AHEAD and a worker on its device has urgent work)."""
+        own = self.runner.urgency()
+        self.seat.publish(own)
+        if own is None:
+            return False
+        peer = self.seat.peer_urgent()
+        if own == Priority.AHEAD:
+            waited_out = self._giving_way_s * 1e3 >= self.priority.max_yield_ms
+            return None if peer and not waited_out else False
+        return peer or own.urgent
+
+    def _give_way(self) -> None:
+        wait = self.priority.yield_ms / 1e3
+        time.sleep(wait)
+        self._giving_way_s += wait
+        self._gave_way_s += wait
 
     def _handle(self, msg: Any) -> None:
         if isinstance(msg, Abort):
@@ -164,10 +214,11 @@ class StageWorker:
             if is_device_fault(e):
                 raise DeviceFault(f"{self.runner.name}: {e}") from e
 
-    def _step(self) -> None:
+    def _step(self, defer_ahead: bool) -> None:
+        self._giving_way_s = 0.0
         started = time.perf_counter()
         try:
-            outs = self.runner.step()
+            outs = self.runner.step(defer_ahead)
         except Exception as e:
             ids = self.runner.active_ids()
             log.exception("%s stage step failed; failing requests %s", self.runner.name, ids)
@@ -179,6 +230,7 @@ class StageWorker:
             took = time.perf_counter() - started
             self._busy_s += took
         self._report_slow("a step", took)
+        self._step_times.add(self.runner.stats().last_batch_size, took)
         usual = self._usual_step_s
         self._usual_step_s = took if usual is None else 0.9 * usual + 0.1 * took
         self._route(outs)
@@ -250,6 +302,8 @@ class StageWorker:
                     pid=proc.pid,
                     rss_bytes=proc.rss_bytes,
                     open_fds=proc.open_fds,
+                    step_times=self._step_times.snapshot(),
+                    gave_way_s=self._gave_way_s,
                 )
             )
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
+from omnivoice.engine.board import Seat
 from omnivoice.engine.gc_policy import freeze_built_objects
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageWorker
@@ -54,15 +55,17 @@ def stage_process_main(
     downstream: list[Any],
     engine: Any,
     parent: int,
+    seat: Seat | None = None,
 ) -> None:
-    """Entry point of a stage process (`multiprocessing` spawn target); never returns."""
+    """Entry point of a stage process (`multiprocessing` spawn target); never returns. `seat`: its place
+    on the pipeline's priority board (engine/board.py)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(parent)
     configure_logging(profile.server.log_level)
     code = 0
     try:
-        code = _serve(name, replica, profile, model_path, inbox, downstream, engine, parent)
+        code = _serve(name, replica, profile, model_path, inbox, downstream, engine, parent, seat)
     except BaseException:
         log.exception("%s stage (replica %d) failed", name, replica)
         code = 1
@@ -79,6 +82,7 @@ def _serve(
     downstream: list[Any],
     engine: Any,
     parent: int,
+    seat: Seat | None,
 ) -> int:
     from omnivoice.runners.factory import build_runners
 
@@ -89,7 +93,8 @@ def _serve(
         engine.put(StageCrashed(name, repr(e)))
         return 1
     freeze_built_objects(f"{name} stage (replica {replica})")
-    StageWorker(runner, inbox, downstream, engine, parent_pid=parent, replica=replica).run()
+    priority = profile.stages.priority
+    StageWorker(runner, inbox, downstream, engine, parent, replica, seat, priority).run()
     return 0
 
 

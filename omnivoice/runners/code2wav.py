@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnivoice.config import ChunkConfig, StageConfig
+from omnivoice.config import ChunkConfig, PriorityConfig, StageConfig
 from omnivoice.messages import CodecChunk, PcmOutput, StageFinished
 from omnivoice.runners.chunking import chunk_frames, window_lengths
 from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
+from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
 from omnivoice.types import StageStats
 
@@ -38,6 +39,7 @@ class _Stream:
     chunks: int = 0
     finished: bool = False
     codes: np.ndarray | None = None
+    playback: Playback = field(default_factory=Playback)  # started at its first chunk; frames decoded
 
     def all_codes(self) -> np.ndarray:
         if self.frames:
@@ -59,13 +61,17 @@ class Code2WavRunner:
         chunk: ChunkConfig,
         device: torch.device,
         pad: bool | None = None,
+        priority: PriorityConfig | None = None,
+        frame_s: float = 0.08,
     ) -> None:
-        """`pad`: decode at the padded shapes of a GPU (default: on CUDA devices only)."""
+        """`pad`: decode at the padded shapes of a GPU (default: on CUDA devices only); `frame_s`: the
+        seconds of audio in one codec frame."""
         self.model = code2wav
         self.cfg = cfg
         self.chunk = chunk
         self.device = device
         self.upsample = int(code2wav.total_upsample)
+        self.policy = PlaybackPolicy(priority or PriorityConfig(), frame_s)
         graphs = cfg.execution == "cuda_graph"
         self.vocoder = Code2WavStep(code2wav, window_lengths(chunk), cfg.max_batch, device, graphs, pad)
         self.streams: dict[str, _Stream] = {}
@@ -121,6 +127,9 @@ class Code2WavRunner:
     def has_work(self) -> bool:
         return any(self._target(st) != 0 for st in self.streams.values())
 
+    def urgency(self) -> Priority | None:
+        return self.policy.urgency(st.playback for st in self.streams.values() if self._target(st) > 0)
+
     def active_ids(self) -> list[str]:
         return list(self.streams)
 
@@ -128,28 +137,36 @@ class Code2WavRunner:
         return StageStats(self.name, 0, len(self.streams), self._last_batch, self._steps)
 
     @torch.inference_mode()
-    def step(self) -> list[Any]:
+    def step(self, defer_ahead: bool = False) -> list[Any]:
+        """Decode the next chunk of up to max_batch streams, in playback order (without the AHEAD
+        ones when `defer_ahead`), one window length per step."""
         outs: list[Any] = []
-        windows: dict[int, list[tuple[str, _Stream, int, int]]] = {}  # decoded length -> chunks
-        n = 0
+        ready: list[tuple[str, _Stream, int]] = []
         for rid, st in list(self.streams.items()):
-            if n >= self.cfg.max_batch:
-                break
             end = self._target(st)
             if end > 0:
-                start = max(0, st.decoded_to - self.chunk.left_context)
-                windows.setdefault(self.vocoder.frames(end - start), []).append((rid, st, start, end))
-                n += 1
+                ready.append((rid, st, end))
             elif st.finished and st.decoded_to >= st.total:
                 outs.append(StageFinished(rid, "code2wav", "stop", st.total))
                 del self.streams[rid]
+        now = self.policy.clock()
+        windows: dict[int, list[tuple[str, _Stream, int, int]]] = {}  # decoded length -> chunks
+        ranks: dict[int, Priority] = {}  # decoded length -> its most urgent chunk's class
+        for rid, st, end in self.policy.select(ready, _playback, defer_ahead)[: self.cfg.max_batch]:
+            start = max(0, st.decoded_to - self.chunk.left_context)
+            length = self.vocoder.frames(end - start)
+            windows.setdefault(length, []).append((rid, st, start, end))
+            ranks[length] = min(ranks.get(length, Priority.AHEAD), self.policy.priority(st.playback, now))
+        self._last_batch = 0
         if windows:
             # Windows decoded at the same length (padded on a GPU: a final partial chunk joins the
-            # full ones) go together, in one forward. One length per step, the shortest first: a new
-            # request's first chunk (the shortest window) never waits behind a batch of long ones,
-            # and its audio leaves as soon as its own small forward is done.
-            outs += self._decode(windows[min(windows)])
-        self._last_batch = n
+            # full ones) go together, in one forward. One length per step: that of the most urgent
+            # chunk, the shortest among equals, so a new request's first chunk (the shortest window)
+            # never waits behind a batch of long ones, and its audio leaves as soon as its own small
+            # forward is done; a stream about to run dry goes before it.
+            chunks = windows[min(windows, key=lambda n: (ranks[n], n))]
+            outs += self._decode(chunks)
+            self._last_batch = len(chunks)
         self._steps += 1
         return outs
 
@@ -163,7 +180,13 @@ class Code2WavRunner:
             st.decoded_to = end
             st.chunks += 1
             outs.append(PcmOutput(rid, st.chunks - 1, pcm.copy()))
+            st.playback.start(self.policy.clock())
+            st.playback.frames = end
             if st.finished and st.decoded_to >= st.total:
                 outs.append(StageFinished(rid, "code2wav", "stop", st.total))
                 del self.streams[rid]
         return outs
+
+
+def _playback(item: tuple[str, _Stream, int]) -> Playback:
+    return item[1].playback

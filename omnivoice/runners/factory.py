@@ -104,10 +104,12 @@ def _runner(
     from omnivoice.runners.thinker import ThinkerRunner
 
     if name == "thinker":
-        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer)
+        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer, stages.priority)
     if name == "talker":
         special = torch.tensor([spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id])
         embed = model.thinker.get_input_embeddings()
         tts = embed(special.to(embed.weight.device)).detach()
-        return TalkerRunner(part("talker"), tts, spec, cfg, device)
-    return Code2WavRunner(part("code2wav"), cfg, stages.code2wav.chunk, device)
+        return TalkerRunner(part("talker"), tts, spec, cfg, device, stages.priority)
+    chunk = stages.code2wav.chunk
+    frame_s = 1.0 / spec.frame_rate
+    return Code2WavRunner(part("code2wav"), cfg, chunk, device, priority=stages.priority, frame_s=frame_s)

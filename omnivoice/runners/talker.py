@@ -23,12 +23,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnivoice.config import TalkerStage
-from omnivoice.messages import CodecChunk, StageFinished, ThinkerChunk
+from omnivoice.config import PriorityConfig, TalkerStage
+from omnivoice.messages import AudioStarted, CodecChunk, StageFinished, ThinkerChunk
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
+from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler, request_generator
 from omnivoice.runners.talker_inputs import TalkerInputs
 from omnivoice.runners.transfer import ReadBack, to_device
@@ -52,6 +53,7 @@ class _Seq:
     sampled: int = 0  # codebook-0 tokens queued so far (its prefill's, then one per step)
     step: int = 0  # transformers' generation_step: index into the trailing text
     frames: int = 0  # frames handed on
+    playback: Playback = field(default_factory=Playback)  # its frames: those handed on
     residual_rng: torch.Generator | None = None  # the code predictor's draws
 
     def ready(self) -> bool:
@@ -75,12 +77,19 @@ class TalkerRunner:
     name = "talker"
 
     def __init__(
-        self, talker: Any, tts_embeds: torch.Tensor, spec: ModelSpec, cfg: TalkerStage, device: torch.device
+        self,
+        talker: Any,
+        tts_embeds: torch.Tensor,
+        spec: ModelSpec,
+        cfg: TalkerStage,
+        device: torch.device,
+        priority: PriorityConfig | None = None,
     ) -> None:
         self.model = talker
         self.spec = spec
         self.cfg = cfg
         self.device = device
+        self.policy = PlaybackPolicy(priority or PriorityConfig(), 1.0 / spec.frame_rate)
         self.dtype = talker.dtype
         self.stack = DecoderStack(talker.model, multimodal_rope=True)
         if device.type == "cuda":
@@ -119,6 +128,10 @@ class TalkerRunner:
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
+        if isinstance(msg, AudioStarted):
+            if (started := self.seqs.get(msg.request_id)) is not None:
+                started.playback.start(self.policy.clock())
+            return []
         if not isinstance(msg, ThinkerChunk):
             raise TypeError(f"talker cannot take {type(msg).__name__}")
         seq = self.seqs.get(msg.request_id)
@@ -149,6 +162,11 @@ class TalkerRunner:
             return True  # results to read back
         return any(s.ready() and (s.slot >= 0 or self.cache.free_slots > 0) for s in self.seqs.values())
 
+    def urgency(self) -> Priority | None:
+        free = self.cache.free_slots > 0
+        ready = [s.playback for s in self.seqs.values() if s.ready() and (s.slot >= 0 or free)]
+        return self.policy.urgency(ready)
+
     def active_ids(self) -> list[str]:
         return [rid for rid, s in self.seqs.items() if s.slot >= 0]
 
@@ -159,11 +177,16 @@ class TalkerRunner:
         return StageStats(self.name, queued, running, self._last_batch, self._steps, kv_slots_used=used)
 
     @torch.inference_mode()
-    def step(self) -> list[Any]:
+    def step(self, defer_ahead: bool = False) -> list[Any]:
+        """One step: prefill the requests that start (in playback order, as slots allow), a frame of
+        each running one (without the AHEAD ones when `defer_ahead`), read back what is due."""
         outs: list[Any] = []
-        batch = [s for s in self.seqs.values() if s.slot >= 0 and s.ready()]
-        starting = [s for s in self.seqs.values() if s.slot < 0 and s.ready()][: self.cache.free_slots]
+        running = [s for s in self.seqs.values() if s.slot >= 0 and s.ready()]
+        batch = self.policy.select(running, _playback, defer_ahead)
+        starting = [s for s in self.seqs.values() if s.slot < 0 and s.ready()]
+        starting = self.policy.order(starting, _playback)[: self.cache.free_slots]
         queued = len(self._queued)
+        self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
         if starting:
             outs += self._prefill(starting)  # new requests together, in one forward
         if batch:
@@ -291,6 +314,7 @@ class TalkerRunner:
                     continue  # ended (its end token was in an earlier step) or aborted since
                 if q.has_frames:
                     s.frames += 1
+                    s.playback.frames = s.frames
                     outs.append(CodecChunk(rid, out[b, :-1, None].copy(), False, first=s.frames == 1))
                 token = int(out[b, -1])
                 reason = None
@@ -351,6 +375,10 @@ class TalkerRunner:
         rid = seq.request.request_id
         empty = np.zeros((self.spec.num_code_groups, 0), dtype=np.int64)
         return [CodecChunk(rid, empty, True), StageFinished(rid, "talker", reason, seq.frames)]
+
+
+def _playback(seq: _Seq) -> Playback:
+    return seq.playback
 
 
 def codec_token_sampling(frames: Sampling) -> Sampling:

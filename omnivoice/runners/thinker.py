@@ -18,12 +18,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from omnivoice.config import ThinkerStage
-from omnivoice.messages import ForgetPrefix, NewRequest, StageFinished, ThinkerChunk, TokenOutput
+from omnivoice.config import PriorityConfig, ThinkerStage
+from omnivoice.messages import (
+    AudioStarted,
+    ForgetPrefix,
+    NewRequest,
+    StageFinished,
+    ThinkerChunk,
+    TokenOutput,
+)
 from omnivoice.runners.constraints import Constraints
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
+from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_inputs import embed_prompt
 from omnivoice.runners.transfer import ReadBack, to_device
@@ -41,6 +49,8 @@ class _Seq:
     slot: int
     max_tokens: int
     prompt_len: int
+    # frames: tokens read back (the talker makes at most one frame of each while text streams in)
+    playback: Playback
     sampled: int = 0  # tokens queued so far (read back or not)
     talking: bool = True  # the talker still takes this request's tokens (until a function call opens)
     generated: list[int] = field(default_factory=list)  # tokens read back
@@ -89,6 +99,7 @@ class ThinkerRunner:
         cfg: ThinkerStage,
         device: torch.device,
         tokenizer: Any | None = None,
+        priority: PriorityConfig | None = None,
     ) -> None:
         """`tokenizer`: the served model's (Hugging Face), which grammars are compiled against; without
         one, a request with a grammar is refused."""
@@ -96,6 +107,7 @@ class ThinkerRunner:
         self.spec = spec
         self.cfg = cfg
         self.device = device
+        self.policy = PlaybackPolicy(priority or PriorityConfig(), 1.0 / spec.frame_rate)
         # transformers 5.2x wraps the text model as `model.language_model`; 5.17 (the GPU image's) does not
         text_model = getattr(thinker.model, "language_model", thinker.model)
         self.stack = DecoderStack(text_model, multimodal_rope=True)
@@ -138,6 +150,10 @@ class ThinkerRunner:
         if isinstance(msg, ForgetPrefix):
             self.prefix.drop(msg.cache_key)
             return []
+        if isinstance(msg, AudioStarted):
+            if (seq := self.running.get(msg.request_id)) is not None:
+                seq.playback.start(self.policy.clock())
+            return []
         if not isinstance(msg, NewRequest):
             raise TypeError(f"thinker cannot take {type(msg).__name__}")
         req = msg.request
@@ -161,11 +177,15 @@ class ThinkerRunner:
         return bool(self.waiting) and len(self.running) + admitted < self.cfg.max_batch and room
 
     def has_work(self) -> bool:
-        return (
-            bool(self._queued)
-            or any(s.sampled < s.max_tokens for s in self.running.values())
-            or self._can_admit()
-        )
+        return bool(self._queued) or bool(self._decoding()) or self._can_admit()
+
+    def urgency(self) -> Priority | None:
+        waiting = [_waiting_playback(r) for r in self.waiting] if self._can_admit() else []
+        return self.policy.urgency([*waiting, *(s.playback for s in self._decoding())])
+
+    def _decoding(self) -> list[_Seq]:
+        # a request whose last token is queued ends when that step is read back
+        return [s for s in self.running.values() if s.sampled < s.max_tokens]
 
     def active_ids(self) -> list[str]:
         return list(self.running)
@@ -183,16 +203,21 @@ class ThinkerRunner:
         )
 
     @torch.inference_mode()
-    def step(self) -> list[Any]:
+    def step(self, defer_ahead: bool = False) -> list[Any]:
+        """One step: prefill what is admitted, decode the running batch (without its AHEAD requests
+        when `defer_ahead`), read back what is due."""
         outs: list[Any] = []
-        # a request whose last token is queued ends when that step is read back
-        decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
+        decoding = self.policy.select(self._decoding(), lambda s: s.playback, defer_ahead)
         if self._queued and self.constraints.any(s.request.request_id for s in decoding):
             outs += self._read_back(0)  # a constrained row's mask needs its last token: sync
-            decoding = [s for s in self.running.values() if s.sampled < s.max_tokens]
+            decoding = self.policy.select(self._decoding(), lambda s: s.playback, defer_ahead)
         queued = len(self._queued)
-        # Admit new requests first, prefilled together: their first token is on the time-to-first-audio
-        # path. At most max_prefill_tokens prompt tokens per step keep decode steps flowing.
+        self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
+        # Admit new requests first (in playback order), prefilled together: their first token is on
+        # the time-to-first-audio path. At most max_prefill_tokens prompt tokens per step keep decode
+        # steps flowing.
+        if len(self.waiting) > 1:
+            self.waiting = deque(self.policy.order(self.waiting, _waiting_playback))
         batch: list[_Pending] = []
         budget = self.cfg.max_prefill_tokens
         while self._can_admit(len(batch)) and (not batch or len(self.waiting[0].prompt.input_ids) <= budget):
@@ -277,7 +302,7 @@ class ThinkerRunner:
         params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
         if params.grammar is not None and params.min_tokens:
             params = replace(params, min_tokens=0)  # a grammar decides where the answer may end
-        seq = _Seq(req, p.slot, params.max_tokens, prompt_len=n)
+        seq = _Seq(req, p.slot, params.max_tokens, prompt_len=n, playback=Playback(stream=req.want_audio))
         if req.cache_key:
             seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
         self._cached_tokens += p.reuse
@@ -352,6 +377,9 @@ class ThinkerRunner:
                     continue  # ended (its end token was in an earlier step) or aborted since
                 token = tokens[b]
                 seq.generated.append(token)
+                seq.playback.frames += 1
+                if not seq.request.want_audio:
+                    seq.playback.start(self.policy.clock())  # a text answer's first token is out
                 outs.append(TokenOutput(rid, (token,)))
                 reason, error = None, None
                 if token in self.sampler.end_ids:
@@ -396,6 +424,12 @@ class ThinkerRunner:
         return ThinkerChunk(
             rid, ids, embeds, final, req.prompt.input_ids, prompt[0].numpy(), prompt[1].numpy(), req
         )
+
+
+def _waiting_playback(req: GenerationRequest) -> Playback:
+    """A request waiting for its prefill: FIRST, but a prefill-only one (a session's early start,
+    which no one is waiting on yet) is NORMAL."""
+    return Playback(started_at=0.0, stream=False) if req.prefill_only else Playback(stream=req.want_audio)
 
 
 def _with_max(s: Any, max_tokens: int) -> Any:

@@ -14,6 +14,7 @@ from omnivoice.engine import stage
 from omnivoice.engine.connectors import LocalConnector
 from omnivoice.engine.stage import StageWorker
 from omnivoice.messages import Abort, NewRequest, Shutdown, StageFinished, ThinkerChunk
+from omnivoice.runners.priority import Priority
 from omnivoice.types import GenerationRequest, Prompt, StageStats
 from tests.support.polling import wait_until
 
@@ -38,7 +39,10 @@ class HoldingRunner:
     def has_work(self) -> bool:
         return bool(self.finish & self.held.keys() or self.fail & self.held.keys())
 
-    def step(self) -> list[Any]:
+    def urgency(self) -> Priority | None:
+        return Priority.NORMAL if self.has_work() else None
+
+    def step(self, defer_ahead: bool = False) -> list[Any]:
         if self.fail & self.held.keys():
             raise RuntimeError("boom")
         done = sorted(self.finish & self.held.keys())
@@ -110,7 +114,7 @@ class SteppingRunner(HoldingRunner):
     def has_work(self) -> bool:
         return self.done < self.steps
 
-    def step(self) -> list[Any]:
+    def step(self, defer_ahead: bool = False) -> list[Any]:
         time.sleep(0.2 if self.done == self.slow else 0.002)
         self.done += 1
         return []
