@@ -191,10 +191,12 @@ class PriorityConfig(_Strict):
         "give way to FIRST or DRY work elsewhere on their device; false: arrival order, no yielding",
     )
     low_watermark_s: float = Field(
-        0.5, ge=0.0, description="slack (seconds of audio ahead of playback) under which a request is DRY"
+        0.5,
+        description="slack (seconds of audio ahead of playback) under which a request is DRY (negative: "
+        "only once it is that far behind)",
     )
     high_watermark_s: float = Field(
-        2.0, gt=0.0, description="slack over which a request is AHEAD and may wait for FIRST or DRY work"
+        2.0, description="slack over which a request is AHEAD and may wait for FIRST or DRY work"
     )
     yield_ms: float = Field(
         2.0, gt=0.0, description="a stage whose work is all AHEAD waits this long per step it gives way"

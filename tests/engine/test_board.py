@@ -10,7 +10,8 @@ from omnivoice.runners.priority import Priority
 
 
 def test_peers_are_the_workers_on_the_same_device() -> None:
-    workers = [("thinker", "cuda:0"), ("talker", "cuda"), ("code2wav", "cuda:1"), ("x", "cpu"), ("y", "cpu:0")]
+    workers = [("thinker", "cuda:0"), ("talker", "cuda"), ("code2wav", "cuda:1")]
+    workers += [("x", "cpu"), ("y", "cpu:0")]
     board = PriorityBoard.local(len(workers))
     seat = seats(board, workers)
     assert seat["thinker"].peers == (1,)  # "cuda" is cuda:0
@@ -33,7 +34,7 @@ def _child(seat: Seat, results: mp.Queue) -> None:  # type: ignore[type-arg]
 def test_stage_processes_share_the_board() -> None:
     ctx = mp.get_context("spawn")
     board = PriorityBoard.shared(ctx, 2)
-    assert [board.read(i) for i in range(2)] == [None, None] and IDLE == len(Priority)
+    assert [board.read(i) for i in range(2)] == [None, None] and len(Priority) == IDLE
     parent, child = seats(board, [("server", "cpu"), ("stage", "cpu")]).values()
     parent.publish(Priority.DRY)
     results = ctx.Queue()
