@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from omnivoice.types import (
+    Capacity,
     ChatMessage,
     EngineOutput,
     EngineStats,
@@ -85,6 +86,11 @@ class EngineAPI(Protocol):
 
     def stats(self) -> EngineStats:
         """Per-stage figures summed over replicas (for /metrics)."""
+        ...
+
+    def capacity(self) -> Capacity:
+        """The audio streams the engine measures it can serve in real time, and how those in flight
+        stand (what admission weighs a new stream against)."""
         ...
 
     def replica_stats(self) -> tuple[StageStats, ...]:

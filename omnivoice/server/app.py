@@ -69,7 +69,7 @@ def create_app(
     keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
     drain = Drain(profile.server.drain_timeout_s)
     lifecycle = EngineLifecycle(profile, engine_factory, drain)
-    admission = Admission(profile.server.max_concurrent_requests, drain)
+    admission = Admission(profile.server.max_concurrent_requests, drain, lifecycle.capacity)
     own_hosts = [host or profile.server.host, urlsplit(profile.telephony.public_url or "").hostname or ""]
     auth = Auth(profile.auth, keys, own_hosts=own_hosts)
     realtime = Sessions(profile, lifecycle, admission, auth.limits)
@@ -123,6 +123,7 @@ def create_app(
         in_flight=lambda: admission.in_flight,
         engine_stats=lifecycle.stats,
         server_state=lambda: snapshot(app.state),
+        promised_streams=lambda: admission.streams,
     )
     return app
 

@@ -44,6 +44,7 @@ def snapshot(state: Any) -> dict[str, Any]:
         "realtime": realtime_counts(state),
         "speculative_responses": state.realtime.speculation.wire(),
         "requests_in_flight": state.admission.in_flight,
+        "admitted_streams": state.admission.streams,
         "engine": engine_tables(state),
         "process": server_process(),
     }
@@ -79,6 +80,7 @@ def engine_tables(state: Any) -> dict[str, Any] | None:
         "conversations": stats.conversations,
         "routed": stats.routed,
         "live_requests": sum(s.live_requests for s in stats.stages),
+        "capacity": asdict(stats.capacity) if stats.capacity is not None else None,
         "workers": workers,
     }
 

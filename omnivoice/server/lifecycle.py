@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.errors import server_overloaded, service_unavailable, shutting_down
-from omnivoice.types import EngineStats
+from omnivoice.types import Capacity, EngineStats
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine
@@ -103,6 +103,11 @@ class EngineLifecycle:
         engine = self.engine
         return engine.stats() if self.state == "ready" and engine is not None else None
 
+    def capacity(self) -> Capacity | None:
+        """What the engine measures it can serve in real time; None while it is not up."""
+        engine = self.engine
+        return engine.capacity() if self.state == "ready" and engine is not None else None
+
     async def close(self) -> None:
         task = self._task
         if task is not None and not task.done():
@@ -118,31 +123,73 @@ class EngineLifecycle:
 
 class Admission:
     """At most `limit` requests in flight; over it, fail fast with 503 (server_overloaded) instead
-    of queueing. While the server drains, nothing new is admitted (503 server_shutting_down)."""
+    of queueing. While the server drains, nothing new is admitted (503 server_shutting_down).
 
-    def __init__(self, limit: int, drain: Drain | None = None) -> None:
+    Audio streams are admitted against the engine's measured capacity (`capacity`, engine/capacity.py):
+    the server promises a stream to each open realtime session (its responses may speak at any time)
+    and to each chat request with audio in flight, and refuses one more (503 server_overloaded) when
+    the engine could not serve it in real time with the promised ones, or while one of them already
+    runs behind real time. A session's responses are within its promise and never refused for it."""
+
+    def __init__(
+        self,
+        limit: int,
+        drain: Drain | None = None,
+        capacity: Callable[[], Capacity | None] | None = None,
+    ) -> None:
         self.limit = limit
         self.in_flight = 0
+        self.streams = 0  # promised: open realtime sessions and chat requests with audio in flight
         self._drain = drain
+        self._capacity = capacity
 
     def acquire(self) -> Slot:
-        if self._drain is not None and self._drain.draining:
-            raise shutting_down()
+        """A slot for one request (a chat request, a realtime response)."""
+        self._check_draining()
         if self.in_flight >= self.limit:
             raise server_overloaded(
                 f"the server is at its limit of {self.limit} concurrent requests; retry shortly"
             )
         self.in_flight += 1
-        return Slot(self)
+        return Slot(self, requests=1)
+
+    def promise_stream(self) -> Slot:
+        """A stream for a realtime session, held until it ends (its responses take `acquire()`)."""
+        self._check_draining()
+        slot = Slot(self, requests=0)
+        slot.take_stream()
+        return slot
+
+    def _check_draining(self) -> None:
+        if self._drain is not None and self._drain.draining:
+            raise shutting_down()
+
+    def _check_capacity(self) -> None:
+        capacity = self._capacity() if self._capacity is not None else None
+        why = capacity.refusal(self.streams) if capacity is not None else None
+        if why is not None:
+            raise server_overloaded(why)
 
 
 class Slot:
-    """One admitted request; `release()` is idempotent."""
+    """What one admission holds (a request's slot, a promised stream); `release()` is idempotent."""
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, requests: int = 1) -> None:
         self._admission: Admission | None = admission
+        self._requests = requests
+        self._streams = 0
+
+    def take_stream(self) -> None:
+        """Add a promised audio stream to what this holds (a chat request with audio), or raise 503
+        server_overloaded if the engine's measured capacity has no room for it."""
+        admission = self._admission
+        assert admission is not None, "a released slot takes nothing"
+        admission._check_capacity()
+        admission.streams += 1
+        self._streams += 1
 
     def release(self) -> None:
         if self._admission is not None:
-            self._admission.in_flight -= 1
+            self._admission.in_flight -= self._requests
+            self._admission.streams -= self._streams
             self._admission = None

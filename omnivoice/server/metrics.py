@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from omnivoice.types import EngineStats
+from omnivoice.types import Capacity, EngineStats
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -46,14 +46,53 @@ class EngineStatsCollector(Collector):
             "omnivoice_stage_last_batch_size", "Size of a stage's last batch", labels=["stage"]
         )
         steps = CounterMetricFamily("omnivoice_stage_steps", "Steps a stage has run", labels=["stage"])
+        gave_way = CounterMetricFamily(
+            "omnivoice_stage_gave_way_seconds",
+            "Time a stage waited, its work all ahead of playback, for first or dry audio on its device",
+            labels=["stage"],
+        )
         for s in stats.stages:
             queued.add_metric([s.name], s.queued)
             running.add_metric([s.name], s.running)
             batch.add_metric([s.name], s.last_batch_size)
             steps.add_metric([s.name], s.steps)
+            gave_way.add_metric([s.name], s.gave_way_s)
         active = GaugeMetricFamily("omnivoice_engine_active_requests", "Requests inside the engine")
         active.add_metric([], stats.active_requests)
-        yield from (queued, running, batch, steps, active)
+        yield from (queued, running, batch, steps, gave_way, active)
+        if stats.capacity is not None:
+            yield from _capacity_metrics(stats.capacity)
+
+
+def _capacity_metrics(cap: Capacity) -> Iterator[Metric]:
+    """The measured capacity (engine/capacity.py); a figure not measured yet is left out."""
+    streams = GaugeMetricFamily(
+        "omnivoice_engine_audio_streams", "Requests with audio inside the engine (streams in flight)"
+    )
+    streams.add_metric([], cap.active_streams)
+    yield streams
+    if cap.streams is not None:
+        total = GaugeMetricFamily(
+            "omnivoice_engine_capacity_streams", "Audio streams the engine measures it can serve in real time"
+        )
+        total.add_metric([], cap.streams)
+        yield total
+    per_stage = GaugeMetricFamily(
+        "omnivoice_stage_capacity_streams",
+        "Audio streams a stage measures it can serve in real time (its replicas together)",
+        labels=["stage"],
+    )
+    for name, n in cap.stages:
+        if n is not None:
+            per_stage.add_metric([name], n)
+    yield per_stage
+    if cap.worst_slack_s is not None:
+        slack = GaugeMetricFamily(
+            "omnivoice_engine_worst_slack_seconds",
+            "Least audio ahead of real time among the streams playing (below 0: run dry)",
+        )
+        slack.add_metric([], cap.worst_slack_s)
+        yield slack
 
 
 class ServerStateCollector(Collector):
@@ -138,6 +177,7 @@ class Metrics:
         in_flight: Callable[[], int],
         engine_stats: Callable[[], EngineStats | None],
         server_state: Callable[[], dict[str, Any]] | None = None,
+        promised_streams: Callable[[], int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -149,6 +189,12 @@ class Metrics:
         Gauge("omnivoice_requests_in_flight", "Admitted requests not yet finished", registry=r).set_function(
             in_flight
         )
+        if promised_streams is not None:
+            Gauge(
+                "omnivoice_admitted_streams",
+                "Audio streams admitted: open realtime sessions and chat requests with audio",
+                registry=r,
+            ).set_function(promised_streams)
         self.ttft = Histogram(
             "omnivoice_time_to_first_token_seconds", "Arrival to first text chunk sent",
             buckets=_LATENCY_BUCKETS, registry=r,

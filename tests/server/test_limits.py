@@ -63,7 +63,7 @@ async def test_a_flood_over_capacity_is_refused_at_once_and_admitted_streams_fin
     server = {"max_concurrent_requests": 2 if limit == "admission" else 64}
     with serve_profile(SLOW, server=server) as s:
         if limit == "engine":
-            s.engine.capacity = 2
+            s.engine.max_running = 2
         async with httpx.AsyncClient(base_url=s.url, timeout=20) as c:
 
             async def admitted() -> tuple[float, list[str]]:
@@ -102,7 +102,7 @@ async def test_a_realtime_response_refused_at_once_gets_an_error_and_a_failed_re
             item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
             await conn.conversation.item.create(item=item)  # type: ignore[arg-type]
             await rec.next("conversation.item.added")
-            s.engine.capacity = 0  # every stage full
+            s.engine.max_running = 0  # every stage full
             await conn.response.create()
             assert (await rec.next("response.created")).response.status == "in_progress"
             err = (await rec.next("error")).error
@@ -110,7 +110,7 @@ async def test_a_realtime_response_refused_at_once_gets_an_error_and_a_failed_re
             done = (await rec.next("response.done")).response
             assert done.status == "failed" and done.status_details.error.code == "server_overloaded"
             assert done.output == [] and rec.types().count("conversation.item.added") == 1
-            s.engine.capacity = None
+            s.engine.max_running = None
             async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:  # the one slot is taken
                 body = {"messages": USER, "stream": True}
                 slow = Script(texts=("x",) * 100, audio_chunks=0, delay=0.02)

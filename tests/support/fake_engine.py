@@ -26,6 +26,7 @@ from omnivoice.server import create_app
 from omnivoice.types import (
     AudioChunk,
     AudioPart,
+    Capacity,
     ChatMessage,
     EngineOutput,
     EngineOverloaded,
@@ -102,7 +103,10 @@ class FakeEngine:
     failure: str | None = None  # as Engine.failure: set when a stage worker died
     restarting: bool = False  # as Engine.restarting
     restarts_held: bool = False  # hold_restarts() was called (the server drains)
-    capacity: int | None = None  # requests running at once; more are refused (as Engine.overloaded)
+    max_running: int | None = None  # requests running at once; more are refused (as Engine.overloaded)
+    # what capacity() reports: the real-time streams measured (None: not yet), an admitted one stalled
+    streams: int | None = None
+    stalled: bool = False
 
     @classmethod
     def factory(
@@ -153,8 +157,8 @@ class FakeEngine:
             self.check_grammar(grammar)
 
     def overloaded(self, request: GenerationRequest) -> str | None:
-        if self.capacity is not None and len(self.running) >= self.capacity:
-            return f"the fake engine runs {self.capacity} requests at most"
+        if self.max_running is not None and len(self.running) >= self.max_running:
+            return f"the fake engine runs {self.max_running} requests at most"
         return None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
@@ -217,7 +221,10 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         running = len(self.running)
         stages = tuple(StageStats(name, 0, running, running, 7) for name in ("thinker", "talker", "code2wav"))
-        return EngineStats(stages=stages, active_requests=running)
+        return EngineStats(stages=stages, active_requests=running, capacity=self.capacity())
+
+    def capacity(self) -> Capacity:
+        return Capacity(self.streams, len(self.running), -1.0 if self.stalled else None, self.stalled)
 
     def replica_stats(self) -> tuple[StageStats, ...]:
         return self.stats().stages

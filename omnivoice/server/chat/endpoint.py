@@ -66,6 +66,8 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
         why = engine.overloaded(gen)  # refuse now, before a 200 and a stream that could only fail
         if why is not None:
             raise server_overloaded(why)
+        if turn.want_audio:  # within the engine's measured real-time capacity, or 503
+            slot.take_stream()
         modalities = "+".join(m for m, on in (("text", turn.want_text), ("audio", turn.want_audio)) if on)
         log.info(
             "request %s: %s stream=%s modalities=%s prompt_tokens=%d",

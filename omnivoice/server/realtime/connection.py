@@ -94,5 +94,7 @@ def _refusal(e: SessionRefused) -> Event:
     """The `error` event that says why a session cannot open (then the socket closes 1013)."""
     if e.kind == "rate_limited":
         return error(e.message, "rate_limit_exceeded", type_="rate_limit_error")
+    if e.kind == "capacity":  # the engine could not serve its audio in real time
+        return error(e.message, "server_overloaded", type_="server_error")
     kind = "session_limit_reached" if e.kind == "session_limit" else "service_unavailable"
     return error(e.message, kind, type_="server_error")

@@ -2,12 +2,14 @@
 realtime.max_sessions, the Silero VAD they share, and the one way every transport opens one.
 
 Opening is admission first (`Sessions.admit`): the engine must be up, the API key within its request
-rate (unless the auth middleware already counted the request) and its cap of open sessions, and the
-server within its session limit. Any of them refuses with `SessionRefused`, whose `kind` each
-transport turns into its protocol's answer (an `error` event and close 1013, a close 1013, HTTP 429 or
-503). The admitted `Ticket` opens the `Session` (`Ticket.open`) and, once the connection is over,
-however it ended, releases all of it (`Ticket.close`). `Sessions.open` does both around an
-`async with`, for a transport whose session lives as long as one block.
+rate (unless the auth middleware already counted the request) and its cap of open sessions, the
+server within its session limit, and the engine able to serve one more audio stream in real time
+(its measured capacity, against the streams already promised: `Admission.promise_stream`). Any of
+them refuses with `SessionRefused`, whose `kind` each transport turns into its protocol's answer (an
+`error` event and close 1013, a close 1013, HTTP 429 or 503). The admitted `Ticket` opens the
+`Session` (`Ticket.open`) and, once the connection is over, however it ended, releases all of it
+(`Ticket.close`). `Sessions.open` does both around an `async with`, for a transport whose session
+lives as long as one block.
 """
 
 from __future__ import annotations
@@ -23,19 +25,20 @@ from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.auth.limits import KeyLimits, RateLimited, SessionLease
 from omnivoice.server.errors import APIError
-from omnivoice.server.lifecycle import Admission, EngineLifecycle
+from omnivoice.server.lifecycle import Admission, EngineLifecycle, Slot
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
 from omnivoice.server.session.speculation import SpeculationStats
 
 log = logging.getLogger(__name__)
 
-RefusalKind = Literal["rate_limited", "session_limit", "unavailable"]
+RefusalKind = Literal["rate_limited", "session_limit", "capacity", "unavailable"]
 
 
 class SessionRefused(Exception):
     """No session now: over the key's limits (`rate_limited`, retry after `retry_after_s`), the server
-    at its session limit (`session_limit`), or no engine to serve it (`unavailable`)."""
+    at its session limit (`session_limit`) or at the engine's measured capacity (`capacity`), or no
+    engine to serve it (`unavailable`)."""
 
     def __init__(self, kind: RefusalKind, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
@@ -86,8 +89,15 @@ class Sessions:
             limit = self.config.max_sessions
             message = f"the server is at its limit of {limit} realtime sessions; retry later"
             raise SessionRefused("session_limit", message)
+        try:
+            stream = self.admission.promise_stream()
+        except APIError as e:
+            lease.release()
+            raise SessionRefused(
+                "capacity" if e.code == "server_overloaded" else "unavailable", e.message
+            ) from None
         self._reserved += 1
-        return Ticket(self, engine, lease)
+        return Ticket(self, engine, lease, stream)
 
     @asynccontextmanager
     async def open(
@@ -120,14 +130,15 @@ class Sessions:
 
 
 class Ticket:
-    """One admitted session: the engine it runs on, its slot among the server's sessions and its count
-    against the API key, all held until `close`."""
+    """One admitted session: the engine it runs on, its slot among the server's sessions, its count
+    against the API key and its promised audio stream, all held until `close`."""
 
-    def __init__(self, sessions: Sessions, engine: EngineAPI, lease: SessionLease) -> None:
+    def __init__(self, sessions: Sessions, engine: EngineAPI, lease: SessionLease, stream: Slot) -> None:
         self.engine = engine
         self.session: Session | None = None
         self._sessions: Sessions | None = sessions
         self._lease = lease
+        self._stream = stream
         self._session_id: str | None = None
 
     async def open(self, outbox: Outbox, settings: dict[str, Any] | None = None) -> Session:
@@ -163,3 +174,4 @@ class Ticket:
             if sessions is not None:
                 sessions._release(self._session_id)
             self._lease.release()
+            self._stream.release()

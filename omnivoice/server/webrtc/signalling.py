@@ -22,6 +22,7 @@ from omnivoice.server.errors import (
     not_found,
     payload_too_large,
     rate_limited,
+    server_overloaded,
     service_unavailable,
 )
 from omnivoice.server.session import protocol as p
@@ -66,6 +67,8 @@ def _refusal(e: SessionRefused) -> APIError:
         return APIError(
             503, e.message, type="server_error", code="session_limit_reached", headers={"Retry-After": "1"}
         )
+    if e.kind == "capacity":  # the engine could not serve its audio in real time, like chat's
+        return server_overloaded(e.message)
     return service_unavailable(e.message)
 
 
