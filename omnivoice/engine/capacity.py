@@ -78,7 +78,7 @@ def stage_streams(
         return 0
     if per <= 0:
         return cap
-    return min(cap, math.floor(room / per))
+    return min(cap, math.floor(room / per + 1e-9))  # 1e-9: a budget met exactly is met
 
 
 def engine_capacity(

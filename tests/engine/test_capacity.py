@@ -1,0 +1,87 @@
+"""The capacity model from synthetic step observations: step times by batch size, the line fitted to
+them, the largest batch a stage can step within real time, and the engine's figure over its stages."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnivoice.config import CapacityConfig
+from omnivoice.engine.capacity import StepTimes, engine_capacity, fit, stage_streams
+from omnivoice.types import Capacity, StageStats
+
+CFG = CapacityConfig(headroom=0.8, min_steps=10)
+FRAME_S = 0.08  # a talker step's budget: one frame of audio for each request in it
+
+
+def _times(
+    line: tuple[float, float], sizes: list[int], steps: int = 20
+) -> tuple[tuple[int, float, int], ...]:
+    """What a worker reports after `steps` steps at each of `sizes`, each taking base + per x batch."""
+    times = StepTimes()
+    for b in sizes:
+        for _ in range(steps):
+            times.add(b, line[0] + line[1] * b)
+    return times.snapshot()
+
+
+def test_step_times_average_per_batch_size() -> None:
+    times = StepTimes()
+    for t in (0.010, 0.012, 0.014):
+        times.add(2, t)
+    times.add(0, 5.0)  # a step that ran no request says nothing about batches
+    times.add(1, 0.008)
+    ((b1, t1, n1), (b2, t2, n2)) = times.snapshot()
+    assert (b1, n1, b2, n2) == (1, 1, 2, 3)
+    assert t1 == pytest.approx(0.008) and t2 == pytest.approx(0.012)  # a plain mean until 1 / EMA steps
+
+
+def test_the_fit_recovers_base_and_per_request_cost() -> None:
+    base, per = fit(_times((0.010, 0.005), [1, 2, 4, 8])) or (0, 0)
+    assert base == pytest.approx(0.010) and per == pytest.approx(0.005)
+    # one batch size seen: a line through the origin, the cautious reading
+    assert fit(_times((0.010, 0.005), [2])) == pytest.approx((0.0, 0.010))
+    # bigger batches measured faster (noise): never a negative cost per request
+    assert fit(((1, 0.02, 50), (4, 0.01, 50))) == pytest.approx((0.015, 0.0))
+    assert fit(()) is None
+
+
+def test_a_stage_fits_as_many_requests_as_its_budget_allows() -> None:
+    # 10 ms + 5 ms a request against 64 ms (80 ms x 0.8): 10 requests
+    assert stage_streams(_times((0.010, 0.005), [1, 2, 4]), FRAME_S, CFG, cap=64) == 10
+    # flat on a GPU: the fixed cap bounds it
+    assert stage_streams(_times((0.012, 0.0), [1, 8, 32]), FRAME_S, CFG, cap=40) == 40
+    # a step over budget even alone: no stream can be served in real time
+    assert stage_streams(_times((0.100, 0.0), [1, 2]), FRAME_S, CFG, cap=40) == 0
+    # a slowed stage, 50 ms a request: one stream
+    assert stage_streams(_times((0.0, 0.050), [1]), FRAME_S, CFG, cap=40) == 1
+    # not measured enough yet
+    assert stage_streams(_times((0.010, 0.005), [1], steps=3), FRAME_S, CFG, cap=64) is None
+
+
+def test_the_engine_takes_its_tightest_stage_and_adds_up_replicas() -> None:
+    def worker(name: str, line: tuple[float, float], replica: int = 0, steps: int = 20) -> StageStats:
+        return StageStats(name, 0, 0, 0, 0, replica=replica, step_times=_times(line, [1, 2, 4], steps))
+
+    workers = [
+        worker("thinker", (0.005, 0.001)),  # (64 - 5) / 1 ms: 59
+        worker("talker", (0.010, 0.005), 0),  # 10 per replica
+        worker("talker", (0.010, 0.005), 1),
+        worker("talker", (0.010, 0.005), 2, steps=0),  # not measured yet: counts as its siblings
+        worker("code2wav", (0.050, 0.010)),  # 25 frames (2 s) a step: (1.6 - 0.05) / 0.01: 155
+    ]
+    budgets = {"thinker": FRAME_S, "talker": FRAME_S, "code2wav": 25 * FRAME_S}
+    total, per_stage = engine_capacity(workers, budgets, dict.fromkeys(budgets, 1000), CFG)
+    assert per_stage == {"thinker": 59, "talker": 30, "code2wav": 155}
+    assert total == 30
+    unmeasured = [worker("talker", (0.01, 0.005), steps=0)]
+    assert engine_capacity(unmeasured, budgets, dict.fromkeys(budgets, 1000), CFG) == (
+        None,
+        dict.fromkeys(budgets),
+    )
+
+
+def test_a_refusal_says_why() -> None:
+    assert Capacity(None, 3).refusal(promised=100) is None  # not measured: the fixed limits only
+    assert Capacity(4, 3).refusal(promised=3) is None
+    assert "measured capacity of 4" in (Capacity(4, 3).refusal(promised=4) or "")
+    assert "behind real time" in (Capacity(None, 3, -0.3, stalled=True).refusal(promised=0) or "")
