@@ -268,7 +268,10 @@ class Capacity:
 
     def refusal(self, promised: int) -> str | None:
         """Why one more stream, on top of `promised` admitted ones, cannot be served in real time, or
-        None if it can."""
+        None if it can. With none promised one is always admitted: the engine can do no better than
+        serve it alone, and only serving measures the stages again."""
+        if promised == 0:
+            return None
         if self.stalled:
             return (
                 f"an admitted stream's audio is running behind real time (slack {self.worst_slack_s:.2f} s); "

@@ -84,4 +84,6 @@ def test_a_refusal_says_why() -> None:
     assert Capacity(None, 3).refusal(promised=100) is None  # not measured: the fixed limits only
     assert Capacity(4, 3).refusal(promised=3) is None
     assert "measured capacity of 4" in (Capacity(4, 3).refusal(promised=4) or "")
-    assert "behind real time" in (Capacity(None, 3, -0.3, stalled=True).refusal(promised=0) or "")
+    assert "behind real time" in (Capacity(None, 3, -0.3, stalled=True).refusal(promised=1) or "")
+    # with nothing promised one stream is always admitted: only serving measures again
+    assert Capacity(0, 0, -0.3, stalled=True).refusal(promised=0) is None

@@ -97,9 +97,14 @@ async def test_streams_past_the_measured_capacity_are_refused_and_sessions_keep_
 
 async def test_no_new_stream_while_an_admitted_one_runs_behind_real_time() -> None:
     with serve_fake() as s:
-        s.engine.stalled = True  # capacity not measured yet, but a stream is already behind
-        await _refused_everywhere(s, "behind real time")
-        s.engine.stalled = False
-        async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
-            assert (await c.post("/v1/chat/completions", json=AUDIO_CHAT)).status_code == 200
-        assert s.app.state.realtime.reserved == 0 and s.app.state.admission.streams == 0
+        s.engine.stalled = True  # capacity not measured yet, but a stream already runs behind
+        async with client(s.url).realtime.connect(model="omnivoice") as conn:
+            rec = Recorder(conn)
+            await rec.next("session.created")  # with nothing promised, one stream is always admitted
+            await _refused_everywhere(s, "behind real time")
+            s.engine.stalled = False
+            async with httpx.AsyncClient(base_url=s.url, timeout=10) as c:
+                assert (await c.post("/v1/chat/completions", json=AUDIO_CHAT)).status_code == 200
+            await rec.close()
+        await until(lambda: s.app.state.realtime.reserved == 0, 5, "the session's slot given back")
+        assert s.app.state.admission.streams == 0
