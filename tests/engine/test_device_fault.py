@@ -42,7 +42,7 @@ class FaultingRunner(HoldingRunner):
     def has_work(self) -> bool:
         return bool(self.held)
 
-    def step(self) -> list[Any]:
+    def step(self, defer_ahead: bool = False) -> list[Any]:
         self.steps += 1
         raise RuntimeError(FAULT)
 
@@ -79,10 +79,10 @@ async def test_a_fault_in_a_thread_stage_fails_requests_and_ends_the_server(
         real_step = TalkerRunner.step
         faulted = threading.Event()
 
-        def step(self: TalkerRunner) -> list[Any]:
+        def step(self: TalkerRunner, defer_ahead: bool = False) -> list[Any]:
             if faulted.is_set():
                 raise RuntimeError(FAULT)
-            return real_step(self)
+            return real_step(self, defer_ahead)
 
         monkeypatch.setattr(TalkerRunner, "step", step)
         outs: list[Any] = []
