@@ -1,7 +1,8 @@
 """Measured capacity: how many audio streams the stages can serve in real time.
 
-Each stage worker keeps the time its steps took at each batch size (`StepTimes`, a moving average
-per size) and reports it with its stats. `stage_streams` fits
+Each stage worker keeps the time its steps took at each batch size (`StepTimes`: the median of the
+latest steps per size, so the odd step that also prefilled a burst of prompts does not count as the
+usual cost) and reports it with its stats. `stage_streams` fits
 
     step time = base + per_request x batch
 
@@ -16,34 +17,34 @@ that would go past it, and any new stream while an admitted one has already run 
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 
 from omnivoice.config import CapacityConfig
 from omnivoice.types import StageStats
 
-EMA = 0.05  # weight of a new step in its size's moving average (once the size has 1 / EMA steps)
+RECENT = 32  # steps of each batch size whose median is its step time
 MAX_WEIGHT = 200  # steps of one size counted in a fit at most: a common size must not drown the rest
 
 
 class StepTimes:
-    """A worker's step times by batch size: a moving average and a count per size seen."""
+    """A worker's step times by batch size: the latest RECENT of each size, and a count per size."""
 
     def __init__(self) -> None:
-        self._mean: dict[int, float] = {}
+        self._recent: dict[int, deque[float]] = {}
         self._count: dict[int, int] = {}
 
     def add(self, batch: int, seconds: float) -> None:
         """Count one step that ran `batch` requests (a step that ran none is not counted)."""
         if batch < 1:
             return
-        n = self._count.get(batch, 0) + 1
-        self._count[batch] = n
-        old = self._mean.get(batch, seconds)
-        self._mean[batch] = old + (seconds - old) * max(EMA, 1.0 / n)
+        self._recent.setdefault(batch, deque(maxlen=RECENT)).append(seconds)
+        self._count[batch] = self._count.get(batch, 0) + 1
 
     def snapshot(self) -> tuple[tuple[int, float, int], ...]:
-        """(batch size, mean step seconds, steps) per size seen, by size."""
-        return tuple((b, self._mean[b], self._count[b]) for b in sorted(self._mean))
+        """(batch size, median step seconds of its latest steps, steps) per size seen, by size."""
+        return tuple((b, statistics.median(self._recent[b]), self._count[b]) for b in sorted(self._recent))
 
 
 def fit(times: Sequence[tuple[int, float, int]]) -> tuple[float, float] | None:

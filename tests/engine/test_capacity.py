@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omnivoice.config import CapacityConfig
-from omnivoice.engine.capacity import StepTimes, engine_capacity, fit, stage_streams
+from omnivoice.engine.capacity import RECENT, StepTimes, engine_capacity, fit, stage_streams
 from omnivoice.types import Capacity, StageStats
 
 CFG = CapacityConfig(headroom=0.8, min_steps=10)
@@ -24,15 +24,18 @@ def _times(
     return times.snapshot()
 
 
-def test_step_times_average_per_batch_size() -> None:
+def test_step_times_are_the_median_of_the_latest_steps_per_batch_size() -> None:
     times = StepTimes()
-    for t in (0.010, 0.012, 0.014):
+    for t in (0.010, 0.012, 0.300, 0.011):  # 0.300: a step that also prefilled a burst of prompts
         times.add(2, t)
     times.add(0, 5.0)  # a step that ran no request says nothing about batches
     times.add(1, 0.008)
     ((b1, t1, n1), (b2, t2, n2)) = times.snapshot()
-    assert (b1, n1, b2, n2) == (1, 1, 2, 3)
-    assert t1 == pytest.approx(0.008) and t2 == pytest.approx(0.012)  # a plain mean until 1 / EMA steps
+    assert (b1, n1, b2, n2) == (1, 1, 2, 4)
+    assert t1 == pytest.approx(0.008) and t2 == pytest.approx(0.0115)
+    for _ in range(RECENT):  # the stage got slower: only its latest steps count
+        times.add(2, 0.020)
+    assert times.snapshot()[1] == (2, pytest.approx(0.020), 4 + RECENT)
 
 
 def test_the_fit_recovers_base_and_per_request_cost() -> None:
