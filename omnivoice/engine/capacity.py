@@ -25,6 +25,9 @@ from omnivoice.config import CapacityConfig
 from omnivoice.types import StageStats
 
 RECENT = 32  # steps of each batch size whose median is its step time
+# steps a batch size needs before it counts: a size seen once or twice may have paid a first-time cost
+# (a kernel compiled for its shape) that the median of three already leaves out
+MIN_SIZE_STEPS = 3
 MAX_WEIGHT = 200  # steps of one size counted in a fit at most: a common size must not drown the rest
 
 
@@ -48,7 +51,9 @@ class StepTimes:
 
 
 def fit(times: Sequence[tuple[int, float, int]]) -> tuple[float, float] | None:
-    """(base, per-request) seconds of a step from (batch, mean seconds, steps) per size; None if empty."""
+    """(base, per-request) seconds of a step from (batch, seconds, steps) per size, the sizes with at
+    least MIN_SIZE_STEPS steps; None if there are none."""
+    times = [x for x in times if x[2] >= MIN_SIZE_STEPS]
     if not times:
         return None
     if len(times) == 1:
@@ -69,10 +74,9 @@ def stage_streams(
 ) -> int | None:
     """Requests one worker can step within `budget_s` x headroom each (at most `cap`); None until it
     has measured `cfg.min_steps` steps."""
-    if sum(n for _, _, n in times) < cfg.min_steps:
-        return None
     line = fit(times)
-    assert line is not None
+    if line is None or sum(n for _, _, n in times if n >= MIN_SIZE_STEPS) < cfg.min_steps:
+        return None
     base, per = line
     room = budget_s * cfg.headroom - base
     if room < 0:

@@ -46,6 +46,8 @@ def test_the_fit_recovers_base_and_per_request_cost() -> None:
     # bigger batches measured faster (noise): never a negative cost per request
     assert fit(((1, 0.02, 50), (4, 0.01, 50))) == pytest.approx((0.015, 0.0))
     assert fit(()) is None
+    # a size seen once or twice (a first-time cost, a kernel compiled for its shape) does not count
+    assert fit(((1, 0.010, 50), (2, 0.015, 50), (32, 2.0, 1))) == pytest.approx((0.005, 0.005))
 
 
 def test_a_stage_fits_as_many_requests_as_its_budget_allows() -> None:
