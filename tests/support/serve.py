@@ -89,18 +89,15 @@ def serve_tiny(checkpoint: Path, worker: str = "thread", **sections: Any) -> Ite
     """The tiny model behind a real uvicorn server on loopback; thread workers (the default) start
     quickest, `worker="process"` runs each stage in its own process (shared-memory connectors).
 
-    `sections` adds profile sections (e.g. `realtime={"max_buffer_seconds": 30}`).
+    `sections` adds profile sections (e.g. `realtime={"max_buffer_seconds": 30}`). Admission from
+    measured capacity is off unless `stages` is given: what a loaded machine measures must not refuse
+    the streams of tests of other behaviour (tests/server/test_measured_capacity.py tests it).
     """
     from omnivoice.config import parse_profile
     from omnivoice.server import create_app
 
     stage = {"worker": worker, "max_seq_len": 1024, "max_batch": 4}
-    profile = parse_profile(
-        {
-            "model": {"path": str(checkpoint)},
-            "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
-            **sections,
-        }
-    )
+    stages = {"thinker": stage, "talker": stage, "code2wav": stage, "capacity": {"enabled": False}}
+    profile = parse_profile({"model": {"path": str(checkpoint)}, "stages": stages, **sections})
     with serve_thread(create_app(profile), wait_healthy=300) as st:
         yield st

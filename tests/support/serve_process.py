@@ -56,12 +56,13 @@ def running(procs: dict[int, int]) -> list[str]:
 
 
 def write_profile(folder: Path, checkpoint: Path, worker: str = "process", **sections: Any) -> Path:
-    """A profile YAML for the tiny model on a free port; `sections` add or replace profile sections."""
+    """A profile YAML for the tiny model on a free port; `sections` add or replace profile sections.
+    Admission from measured capacity is off unless `stages` is given (see `serve.serve_tiny`)."""
     stage = {"max_seq_len": 1024, "worker": worker}
     profile = {
         "model": {"path": str(checkpoint)},
         "server": {"port": 0},
-        "stages": {"thinker": stage, "talker": stage, "code2wav": stage},
+        "stages": {"thinker": stage, "talker": stage, "code2wav": stage, "capacity": {"enabled": False}},
         **sections,
     }
     path = folder / f"profile-{worker}.yaml"
