@@ -81,7 +81,8 @@ async def test_a_new_request_gets_its_first_audio_before_streams_ahead_get_more(
         events = await _arrival(engine)
     finally:
         await engine.close()
-    # At most the one chunk Code2Wav (one per step) may have been decoding when the request arrived,
-    # and one already on its way to the caller. In arrival order the three older streams get a chunk
-    # for every frame the talker makes for the new request.
-    assert len(events) <= 3, events
+    # Only what was under way when the request arrived: the chunk Code2Wav (one per step) was
+    # decoding, those already on their way to the caller, one a stage stepped before it saw the new
+    # request on the board (the new audio itself is the last event). In arrival order the three older
+    # streams get a chunk for every frame the talker makes for the new request: a dozen or more.
+    assert len(events) <= 5, events
