@@ -87,6 +87,9 @@ class AlwaysAdmit:
     def acquire(self) -> _Slot:
         return self._Slot()
 
+    def promise_stream(self) -> _Slot:
+        return self._Slot()
+
 
 @dataclass
 class FakeEngine:
