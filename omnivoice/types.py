@@ -25,10 +25,14 @@ class TextPart:
 
 @dataclass(frozen=True)
 class AudioPart:
-    """Mono float32 PCM in [-1, 1] at `sample_rate`; the prompt builder resamples to the model's rate."""
+    """Mono float32 PCM in [-1, 1] at `sample_rate`; the prompt builder resamples to the model's rate.
+
+    `features`: the clip's log-mel features [n_mels, frames] float32, when they were computed already
+    (a conversation keeps them with its audio); the prompt builder then uses them as they are."""
 
     pcm: np.ndarray
     sample_rate: int
+    features: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

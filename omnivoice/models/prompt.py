@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
+from omnivoice.audio.log_mel import LogMel
 from omnivoice.models.loader import ModelSpec
 from omnivoice.types import AudioPart, ChatMessage, FunctionSpec, Prompt, TextPart
 
@@ -79,7 +80,7 @@ class PromptBuilder:
                 f"the audio encoder expects {spec.num_mel_bins}"
             )
         self._tokenizer = tokenizer
-        self._feature_extractor = feature_extractor
+        self.log_mel = LogMel.of(feature_extractor)  # the clips' features (sessions extract with it too)
         self._spec = spec
         self._max_audio_seconds = max_audio_seconds
         self._role_ids = {"system": spec.system_id, "user": spec.user_id, "assistant": spec.assistant_id}
@@ -137,7 +138,7 @@ class PromptBuilder:
             if isinstance(part, TextPart):
                 pieces.append(part.text)
                 continue
-            mel = self._log_mel(index, part)  # [n_mels, frames]
+            mel = self._log_mel(index, part) if part.features is None else self._given(index, part)
             features.append(mel)
             count = self._spec.audio_token_count(mel.shape[1])
             pieces += [self._spec.audio_start_id, *[self._spec.audio_pad_id] * count, self._spec.audio_end_id]
@@ -207,6 +208,20 @@ class PromptBuilder:
                 ids.append(piece)
         return ids
 
+    def _given(self, index: int, part: AudioPart) -> np.ndarray:
+        mel = part.features
+        assert mel is not None
+        if (
+            mel.dtype != np.float32
+            or mel.ndim != 2
+            or mel.shape[0] != self._spec.num_mel_bins
+            or not mel.shape[1]
+        ):
+            raise PromptError(
+                f"message {index}: audio features must be float32 [{self._spec.num_mel_bins}, frames]"
+            )
+        return mel
+
     def _log_mel(self, index: int, part: AudioPart) -> np.ndarray:
         """Log-mel features [n_mels, frames] float32, trimmed to the audio's real length.
 
@@ -233,18 +248,9 @@ class PromptBuilder:
             import soxr  # lazily: the GPU image has no soxr, and token-id prompts never resample
 
             pcm = soxr.resample(pcm, part.sample_rate, rate).astype(np.float32, copy=False)
-        if pcm.size < self._feature_extractor.hop_length:
+        if pcm.size < self.log_mel.min_samples:
             raise PromptError(f"message {index}: audio is shorter than one feature frame ({seconds:.4f} s)")
-        out = self._feature_extractor(
-            pcm,
-            sampling_rate=rate,
-            padding="longest",  # the default pads every clip to 300 s
-            truncation=False,
-            return_attention_mask=True,
-            return_tensors="np",
-        )
-        frames = int(out["attention_mask"][0].sum())
-        return np.ascontiguousarray(out["input_features"][0, :, :frames], dtype=np.float32)
+        return self.log_mel(pcm)  # the feature extractor's math, unpadded
 
 
 def _text(message: ChatMessage) -> str:

@@ -132,6 +132,8 @@ def test_control_token_strings_in_text_stay_text(parts) -> None:
         ([user()], "no content"),
         ([user(AudioPart(np.zeros(0, np.float32), 16000))], "empty"),
         ([user(AudioPart(np.zeros(100, np.float32), 16000))], "shorter than one feature frame"),
+        ([user(AudioPart(np.zeros(200, np.float32), 16000))], "shorter than one feature frame"),
+        ([user(AudioPart(noise(0.5, 16000), 16000, np.zeros((80, 50), np.float32)))], "audio features must"),
         ([user(AudioPart(noise(2.5, 8000), 8000))], "limit is 2 s"),
         ([user(AudioPart(np.zeros((2, 1600), np.float32), 16000))], "mono"),
         ([user(AudioPart(np.full(1600, np.nan, np.float32), 16000))], "NaN"),
@@ -145,6 +147,18 @@ def test_invalid_input_is_a_prompt_error(parts, messages, message: str) -> None:
     builder = PromptBuilder(tokenizer, feature_extractor, loaded.spec, max_audio_seconds=2.0)
     with pytest.raises(PromptError, match=message):
         builder.build(messages)
+
+
+def test_features_given_with_the_audio_are_used_as_they_are(parts) -> None:
+    """A conversation keeps each clip's features: a prompt with them featurizes nothing again."""
+    _, _, _, builder = parts
+    pcm = noise(1.3, 16000, seed=5)
+    before = builder.log_mel.frames_computed
+    first = builder.build([user(AudioPart(pcm, 16000))])
+    assert builder.log_mel.frames_computed == before + 130
+    again = builder.build([user(AudioPart(pcm, 16000, first.audio_features[0]))])
+    assert builder.log_mel.frames_computed == before + 130
+    assert again.input_ids == first.input_ids and again.audio_features[0] is first.audio_features[0]
 
 
 def test_feature_extractor_must_match_the_encoder(parts) -> None:
