@@ -145,6 +145,14 @@ class ThinkerStage(StageConfig):
         description="prompt tokens prefilled in one step (several new requests together); larger: a burst "
         "of requests gets its first tokens sooner, smaller: running requests' decode steps wait less",
     )
+    audio_windows_per_step: int = Field(
+        16,
+        ge=1,
+        description="attention windows of the audio encoder (n_window_infer log-mel frames each: 8 s of "
+        "speech for Qwen3-Omni) encoded per step, in one padded forward, for the waiting requests' audio "
+        "and speech encoded while it is spoken; a request is prefilled once its audio is encoded. Larger: "
+        "a burst of long utterances is encoded sooner, smaller: running requests' decode steps wait less",
+    )
 
 
 class TalkerStage(StageConfig):

@@ -42,6 +42,15 @@ class ForgetPrefix:
 
 
 @dataclass(frozen=True)
+class EncodeAhead:
+    """Engine -> thinker: whole audio-encoder windows of speech still being spoken in a conversation,
+    to encode before the turn's request comes (which then encodes only the rest)."""
+
+    cache_key: str
+    features: tuple[Any, ...]  # each np.ndarray [n_mels, window frames] float32
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Engine -> stage: finish the loop."""
 
@@ -105,5 +114,7 @@ class StageFinished:
     error: str | None = None
 
 
-StageInput = NewRequest | ThinkerChunk | CodecChunk | AudioStarted | Abort | ForgetPrefix | Shutdown
+StageInput = (
+    NewRequest | ThinkerChunk | CodecChunk | AudioStarted | Abort | ForgetPrefix | EncodeAhead | Shutdown
+)
 EngineMessage = TokenOutput | PcmOutput | StageFinished

@@ -21,19 +21,22 @@ import torch
 from omnivoice.config import PriorityConfig, ThinkerStage
 from omnivoice.messages import (
     AudioStarted,
+    EncodeAhead,
     ForgetPrefix,
     NewRequest,
     StageFinished,
     ThinkerChunk,
     TokenOutput,
 )
+from omnivoice.runners.audio_encoder import AudioEncoder, audio_tower
 from omnivoice.runners.constraints import Constraints
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
-from omnivoice.runners.thinker_inputs import embed_prompt
+from omnivoice.runners.thinker_audio import ThinkerAudio
+from omnivoice.runners.thinker_inputs import embed_prompt, needed_clips
 from omnivoice.runners.transfer import ReadBack, to_device
 from omnivoice.types import GenerationRequest, Sampling, StageStats
 
@@ -135,6 +138,11 @@ class ThinkerRunner:
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
         self._queued: ReadBack[_Step] = ReadBack()
         self.waiting: deque[GenerationRequest] = deque()
+        # the audio encoder: waiting requests' clips and speech sent ahead, a budget of windows per step
+        windows, graphs = cfg.audio_windows_per_step, cfg.execution == "cuda_graph"
+        encoder = AudioEncoder(audio_tower(thinker), device, windows, graphs)
+        self.audio = ThinkerAudio(encoder, windows, conversations=cfg.max_batch + cfg.prefix_cache_entries)
+        self._keys: dict[str, list] = {}  # position keys of waiting requests whose audio is planned
         self.running: dict[str, _Seq] = {}
         self._steps = 0
         self._last_batch = 0
@@ -144,11 +152,16 @@ class ThinkerRunner:
                 self.decode_step.capture_all(text_model.config.hidden_size, thinker.dtype)
         with torch.inference_mode():
             self.stack.warm_prefill(self.cache, thinker.dtype)
+            encoder.capture_all()
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
+        if isinstance(msg, EncodeAhead):
+            self.audio.ahead(msg.cache_key, msg.features)
+            return []
         if isinstance(msg, ForgetPrefix):
             self.prefix.drop(msg.cache_key)
+            self.audio.forget(msg.cache_key)
             return []
         if isinstance(msg, AudioStarted):
             if (seq := self.running.get(msg.request_id)) is not None:
@@ -168,6 +181,8 @@ class ThinkerRunner:
     def abort(self, request_id: str) -> None:
         self.waiting = deque(r for r in self.waiting if r.request_id != request_id)
         self.constraints.drop(request_id)
+        self.audio.drop(request_id)
+        self._keys.pop(request_id, None)
         seq = self.running.pop(request_id, None)
         if seq is not None:
             self._retire(seq)  # a barged-in answer still leaves a reusable prefix
@@ -177,11 +192,13 @@ class ThinkerRunner:
         return bool(self.waiting) and len(self.running) + admitted < self.cfg.max_batch and room
 
     def has_work(self) -> bool:
-        return bool(self._queued) or bool(self._decoding()) or self._can_admit()
+        return bool(self._queued) or bool(self._decoding()) or self._can_admit() or self.audio.has_work()
 
     def urgency(self) -> Priority | None:
         waiting = [_waiting_playback(r) for r in self.waiting] if self._can_admit() else []
-        return self.policy.urgency([*waiting, *(s.playback for s in self._decoding())])
+        own = self.policy.urgency([*waiting, *(s.playback for s in self._decoding())])
+        # speech sent ahead while it is still spoken is the only work left: it may wait for others'
+        return Priority.AHEAD if own is None and self.audio.has_work() else own
 
     def _decoding(self) -> list[_Seq]:
         # a request whose last token is queued ends when that step is read back
@@ -214,13 +231,15 @@ class ThinkerRunner:
         queued = len(self._queued)
         self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
         # Admit new requests first (in playback order), prefilled together: their first token is on
-        # the time-to-first-audio path. At most max_prefill_tokens prompt tokens per step keep decode
-        # steps flowing.
+        # the time-to-first-audio path. At most max_prefill_tokens prompt tokens per step, and
+        # audio_windows_per_step windows of their audio encoded, keep decode steps flowing; a request
+        # waits until its audio is encoded.
         if len(self.waiting) > 1:
             self.waiting = deque(self.policy.order(self.waiting, _waiting_playback))
+        self._encode_audio()
         batch: list[_Pending] = []
         budget = self.cfg.max_prefill_tokens
-        while self._can_admit(len(batch)) and (not batch or len(self.waiting[0].prompt.input_ids) <= budget):
+        while self._can_admit(len(batch)) and self._next_fits(budget if batch else None):
             batch.append(self._admit(self.waiting.popleft()))
             budget -= batch[-1].embeds.shape[1]
         if batch:
@@ -233,19 +252,53 @@ class ThinkerRunner:
         return outs + self._read_back(keep)
 
     # ---- internals ---------------------------------------------------------------------------
+    def _encode_audio(self) -> None:
+        """Plan the audio of the waiting requests, in order, as far as one step's encoder budget
+        reaches (only the clips past a request's cached prefix), and encode one step's windows."""
+        todo = 0
+        for req in self.waiting:
+            if todo >= self.audio.budget:
+                break
+            rid = req.request_id
+            if not self.audio.planned(rid):
+                keys, _, reuse = self._match(req, self._keys.get(rid))
+                if req.cache_key:
+                    self._keys[rid] = keys
+                self.audio.plan(req, needed_clips(req.prompt, self.spec.audio_pad_id, reuse))
+            todo += self.audio.missing(rid)
+        self.audio.step(r.request_id for r in self.waiting)
+
+    def _next_fits(self, tokens_left: int | None) -> bool:
+        """Whether the head of the queue may join this step's prefill: its audio is encoded, and its
+        prompt fits the tokens left (None: the first of the batch, which always fits)."""
+        req = self.waiting[0]
+        if tokens_left is not None and len(req.prompt.input_ids) > tokens_left:
+            return False
+        return self.audio.planned(req.request_id) and not self.audio.missing(req.request_id)
+
+    def _match(self, req: GenerationRequest, keys: list | None) -> tuple[list, PrefixEntry | None, int]:
+        """`req`'s position keys, its conversation's cached prefix and how much of it the prompt reuses
+        (at least one position is computed, for the first token's logits)."""
+        if not req.cache_key:
+            return [], None, 0
+        keys = position_keys(req.prompt, self.spec.audio_pad_id) if keys is None else keys
+        entry, reuse = self.prefix.match(req.cache_key, keys)
+        return keys, entry, min(reuse, len(req.prompt.input_ids) - 1)
+
     def _admit(self, req: GenerationRequest) -> _Pending:
         """Take a KV slot for `req` (its conversation's cached one if any) and embed what is new."""
-        n = len(req.prompt.input_ids)
-        keys = position_keys(req.prompt, self.spec.audio_pad_id) if req.cache_key else []
-        entry, reuse = self.prefix.match(req.cache_key, keys) if req.cache_key else (None, 0)
-        reuse = min(reuse, n - 1)  # at least one position is computed, for the first token's logits
+        keys, entry, reuse = self._match(req, self._keys.pop(req.request_id, None))
         if entry is not None and req.cache_key:  # an entry is only found under a key
             slot = self.prefix.take(req.cache_key)  # the conversation's slot: prefill on top of it in place
         else:
             if self.cache.free_slots == 0:
                 self.prefix.evict_one()
             slot = self.cache.alloc()
-        embeds = embed_prompt(self.model, self.spec.audio_pad_id, req.prompt, reuse, self.device)
+        # the cached part may have shrunk since the audio was planned (its entry evicted): encode the rest
+        if self.audio.plan(req, needed_clips(req.prompt, self.spec.audio_pad_id, reuse)):
+            self.audio.encode_now(req.request_id)
+        audio = self.audio.take(req.request_id)
+        embeds = embed_prompt(self.model, self.spec.audio_pad_id, req.prompt, reuse, self.device, audio)
         return _Pending(req, slot, reuse, entry if reuse > 0 else None, keys, embeds)
 
     def _prefill(self, batch: list[_Pending]) -> list[Any]:

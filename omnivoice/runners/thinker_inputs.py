@@ -3,11 +3,11 @@ output placed on each audio placeholder run."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from omnivoice.models.prompt import audio_inputs
 from omnivoice.types import Prompt
 
 
@@ -24,33 +24,35 @@ def audio_spans(ids: tuple[int, ...], audio_pad_id: int) -> list[tuple[int, int]
     return spans
 
 
+def needed_clips(prompt: Prompt, audio_pad_id: int, start: int) -> list[int]:
+    """The prompt's audio clips (indices) with placeholders at or after position `start`: those whose
+    encoder output its embeddings from `start` on need (the others are in the prefix cache)."""
+    spans = audio_spans(prompt.input_ids, audio_pad_id)
+    if len(spans) != len(prompt.audio_features):
+        raise ValueError(f"{len(spans)} audio placeholder runs but {len(prompt.audio_features)} audio clips")
+    return [i for i, (_, end) in enumerate(spans) if end > start]
+
+
 def embed_prompt(
-    thinker: Any, audio_pad_id: int, prompt: Prompt, start: int, device: torch.device
+    thinker: Any,
+    audio_pad_id: int,
+    prompt: Prompt,
+    start: int,
+    device: torch.device,
+    audio: Mapping[int, torch.Tensor],
 ) -> torch.Tensor:
     """Input embeddings of prompt positions start.. : [1, n - start, H].
 
-    Only the audios with placeholders at or after `start` are encoded (the others are cached).
+    `audio` holds the encoder output [tokens, out_dim] of each clip in `needed_clips(prompt, .., start)`.
     """
     ids = torch.tensor([prompt.input_ids[start:]], device=device)
     embeds = thinker.get_input_embeddings()(ids)  # [1, T, H]
     spans = audio_spans(prompt.input_ids, audio_pad_id)
-    if len(spans) != len(prompt.audio_features):
-        raise ValueError(f"{len(spans)} audio placeholder runs but {len(prompt.audio_features)} audio clips")
-    needed = [i for i, (_, end) in enumerate(spans) if end > start]
-    if not needed:
-        return embeds
-    inputs = audio_inputs(Prompt((), tuple(prompt.audio_features[i] for i in needed)))
-    assert inputs is not None
-    batch, mask = inputs  # as the processor pads them: [n, n_mels, frames], [n, frames]
-    audio = thinker.get_audio_features(batch.to(device, embeds.dtype), mask.to(device)).last_hidden_state
-    audio = audio.to(embeds.dtype)
-    lengths = [spans[i][1] - spans[i][0] for i in needed]
-    if sum(lengths) != audio.shape[0]:
-        raise ValueError(f"{sum(lengths)} audio placeholders but {audio.shape[0]} audio features")
-    offset = 0
-    for i, n in zip(needed, lengths, strict=True):
+    for i in needed_clips(prompt, audio_pad_id, start):
         a, b = spans[i]
+        clip = audio[i]
+        if clip.shape[0] != b - a:
+            raise ValueError(f"audio clip {i} has {b - a} placeholders but {clip.shape[0]} encoder outputs")
         first = max(a, start)
-        embeds[0, first - start : b - start] = audio[offset + first - a : offset + n]
-        offset += n
+        embeds[0, first - start : b - start] = clip[first - a :].to(embeds.device, embeds.dtype)
     return embeds
