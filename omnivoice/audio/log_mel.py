@@ -98,7 +98,8 @@ class LogMelStream:
 
     def __init__(self, log_mel: LogMel) -> None:
         self.log_mel = log_mel
-        self._audio: list[np.ndarray] = []
+        self._audio: list[np.ndarray] = []  # received samples from `_base` on (earlier ones are done)
+        self._base = 0
         self._received = 0
         self._blocks: list[torch.Tensor] = []  # raw frames, in order: each [n_mels, k]
         self.frames = 0  # raw frames computed
@@ -110,9 +111,17 @@ class LogMelStream:
             self._received += pcm.size
 
     def _samples(self) -> np.ndarray:
+        """The samples from `_base` on, as one array."""
         if len(self._audio) != 1:
             self._audio = [np.concatenate(self._audio) if self._audio else np.zeros(0, np.float32)]
         return self._audio[0]
+
+    def _trim(self) -> None:
+        """Drop the samples no frame still to compute reads."""
+        keep = max(0, self.frames * self.log_mel.hop - self.log_mel.n_fft // 2)
+        if keep > self._base:
+            self._audio = [self._samples()[keep - self._base :]]
+            self._base = keep
 
     def advance(self, safe: int) -> int:
         """Compute the frames that read only samples before `safe` (<= the audio received); returns the
@@ -124,16 +133,16 @@ class LogMelStream:
         )  # frames k with k*hop + half <= safe
         if end <= self.frames:
             return self.frames
-        x = self._samples()
+        x, base = self._samples(), self._base
         # frame k reads the left-padded signal at [k * hop, k * hop + n_fft); the left pad reflects x
         first = self.frames * lm.hop - half
-        if first < 0:
+        if first < 0:  # nothing trimmed yet: base is 0
             piece = np.concatenate([x[1 : half + 1][::-1], x[:safe]])[self.frames * lm.hop :]
         else:
-            piece = x[first:safe]
+            piece = x[first - base : safe - base]
         piece = piece[: (end - self.frames - 1) * lm.hop + lm.n_fft]
-        raw = lm.raw_frames(torch.from_numpy(np.ascontiguousarray(piece)))
-        self._add(raw)
+        self._add(lm.raw_frames(torch.from_numpy(np.ascontiguousarray(piece))))
+        self._trim()
         return self.frames
 
     def _add(self, raw: torch.Tensor) -> None:
