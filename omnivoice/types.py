@@ -329,3 +329,6 @@ class ModelInfo:
     # Text longer than this (in characters) cannot fit max_prompt_tokens: no vocabulary entry stands for
     # more characters than max_prompt_chars / max_prompt_tokens. None: no tokenizer (token-id prompts).
     max_prompt_chars: int | None = None
+    # Log-mel frames the audio encoder attends over at once: speech still being spoken can be encoded
+    # ahead in whole windows of this many frames (`EngineAPI.encode_ahead`). 0: not at all.
+    audio_window_frames: int = 0

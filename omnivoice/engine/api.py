@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
+import numpy as np
+
+from omnivoice.audio.log_mel import LogMel
 from omnivoice.types import (
     Capacity,
     ChatMessage,
@@ -43,6 +46,12 @@ class EngineAPI(Protocol):
         """Whether the stages are being restarted after a failure."""
         ...
 
+    @property
+    def log_mel(self) -> LogMel:
+        """The served model's log-mel features: sessions featurize their audio with it, once per clip
+        (off the event loop), and hand the features over with the audio (`AudioPart.features`)."""
+        ...
+
     def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
         """Token ids (and audio features) for a conversation offering the model `tools`; raises
         ValueError for bad input."""
@@ -74,6 +83,12 @@ class EngineAPI(Protocol):
 
     async def warm(self, prompt: Prompt, cache_key: str) -> None:
         """Prefill `prompt` into the prefix cache under `cache_key` (a conversation's id)."""
+        ...
+
+    def encode_ahead(self, cache_key: str, features: Sequence[np.ndarray]) -> None:
+        """Have the audio encoder encode whole windows ([n_mels, info.audio_window_frames] each) of speech
+        still being spoken in conversation `cache_key`, so its turn's request encodes only the rest.
+        Returns at once; a window the turn's audio does not have exactly is never used."""
         ...
 
     def forget(self, cache_key: str) -> None:

@@ -17,6 +17,9 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
+from omnivoice.audio.log_mel import LogMel
 from omnivoice.config import Profile
 from omnivoice.engine.capacity import engine_capacity
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
@@ -32,6 +35,7 @@ from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.messages import (
     Abort,
     AudioStarted,
+    EncodeAhead,
     ForgetPrefix,
     NewRequest,
     PcmOutput,
@@ -129,6 +133,11 @@ class Engine:
         """The model's tokenizer (a dummy model's is built from code: see models/dummy_tokenizer.py)."""
         return self._tokenizer
 
+    @property
+    def log_mel(self) -> LogMel:
+        """The model's log-mel features (the prompt builder's)."""
+        return self._builder.log_mel
+
     def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
         return self._builder.build(messages, self.profile.model.system_prompt, tools)
 
@@ -204,6 +213,15 @@ class Engine:
         )
         async for _ in self.generate(req):
             pass
+
+    def encode_ahead(self, cache_key: str, features: Sequence[np.ndarray]) -> None:
+        """Send whole windows of speech still being spoken to the conversation's thinker replica, whose
+        audio encoder encodes them when its budget allows (see runners/thinker_audio.py)."""
+        if self._closed or self.failure or not features:
+            return
+        with self._lock:
+            replica = self._router.thinker_for(cache_key)
+        self._pipeline.send("thinker", EncodeAhead(cache_key, tuple(features)), replica=replica)
 
     def forget(self, cache_key: str) -> None:
         """Free the conversation's cached prefix (the session ended)."""

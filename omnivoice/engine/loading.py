@@ -77,4 +77,5 @@ def model_info(profile: Profile, spec: ModelSpec, builder: PromptBuilder) -> Mod
         default_voice=default_voice,
         max_prompt_tokens=max_prompt_tokens,
         max_prompt_chars=max_prompt_tokens * builder.max_token_chars,
+        audio_window_frames=spec.audio_window_frames,
     )

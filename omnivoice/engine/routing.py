@@ -50,6 +50,16 @@ class ReplicaRouter:
     def release(self, request: GenerationRequest) -> None:
         self._count(request.route, request.want_audio, -1)
 
+    def thinker_for(self, cache_key: str) -> int:
+        """The conversation's thinker replica, chosen now (the least loaded) if it has none yet; no
+        request is counted."""
+        thinker = self._affinity.get(cache_key)
+        if thinker is None:
+            thinker = self._affinity[cache_key] = _least(self._load[0])
+            while len(self._affinity) > AFFINITY_MEMORY:
+                self._affinity.popitem(last=False)
+        return thinker
+
     def thinker_of(self, cache_key: str) -> int | None:
         return self._affinity.get(cache_key)
 

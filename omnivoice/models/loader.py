@@ -77,6 +77,7 @@ class ModelSpec:
     codebook_size: int
     samples_per_frame: int
     n_window: int
+    n_window_infer: int  # log-mel frames the audio encoder attends over at once
     num_mel_bins: int
     output_sample_rate: int = OUTPUT_SAMPLE_RATE
     input_sample_rate: int = INPUT_SAMPLE_RATE
@@ -126,6 +127,7 @@ class ModelSpec:
             codebook_size=code2wav.codebook_size,
             samples_per_frame=math.prod(code2wav.upsample_rates) * math.prod(code2wav.upsampling_ratios),
             n_window=thinker.audio_config.n_window,
+            n_window_infer=thinker.audio_config.n_window_infer,
             num_mel_bins=thinker.audio_config.num_mel_bins,
             tool_call_id=tool_call_id,
         )
@@ -156,6 +158,13 @@ class ModelSpec:
             return self.speaker_ids[voice.lower()]
         except KeyError:
             raise ValueError(f"unknown voice {voice!r}; known: {sorted(self.speaker_ids)}") from None
+
+    @property
+    def audio_window_frames(self) -> int:
+        """Log-mel frames of one attention window of the audio encoder (whole chunks of 2 * n_window):
+        the encoder's output for a window depends on that window's frames only."""
+        chunk = 2 * self.n_window
+        return max(1, self.n_window_infer // chunk) * chunk
 
     def audio_token_count(self, num_mel_frames: int) -> int:
         """Audio placeholder tokens for `num_mel_frames` unpadded log-mel frames."""

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 import numpy as np
 from starlette.applications import Starlette
+from transformers import WhisperFeatureExtractor
 
+from omnivoice.audio.log_mel import LogMel
 from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.api import EngineAPI
 from omnivoice.models.grammars import grammar_error
@@ -57,10 +59,23 @@ class FakePromptError(ValueError):
     pass
 
 
-def fake_model_info(served_name: str = "omnivoice") -> ModelInfo:
+def fake_model_info(served_name: str = "omnivoice", audio_window_frames: int = 0) -> ModelInfo:
     """The fake model: 24 kHz, two voices, a 200-token context, no bound on characters before
-    `build_prompt` (`max_prompt_chars` None)."""
-    return ModelInfo(served_name, SAMPLE_RATE, VOICES, default_voice="ethan", max_prompt_tokens=200)
+    `build_prompt` (`max_prompt_chars` None), no audio encoded ahead unless `audio_window_frames`."""
+    return ModelInfo(
+        served_name,
+        SAMPLE_RATE,
+        VOICES,
+        default_voice="ethan",
+        max_prompt_tokens=200,
+        audio_window_frames=audio_window_frames,
+    )
+
+
+def fake_log_mel() -> LogMel:
+    """Qwen3-Omni's log-mel settings (128 mel bins at 16 kHz), a real extractor that counts its frames."""
+    extractor = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, hop_length=160, n_fft=400)
+    return LogMel.of(extractor)
 
 
 @dataclass
@@ -101,6 +116,9 @@ class FakeEngine:
     aborted: list[str] = field(default_factory=list)
     running: set[str] = field(default_factory=set)
     warmed: list[str] = field(default_factory=list)
+    # (cache key, windows) sent to be encoded ahead
+    ahead: list[tuple[str, tuple[np.ndarray, ...]]] = field(default_factory=list)
+    log_mel: LogMel = field(default_factory=fake_log_mel)
     forgotten: list[str] = field(default_factory=list)
     closed: bool = False
     failure: str | None = None  # as Engine.failure: set when a stage worker died
@@ -119,8 +137,10 @@ class FakeEngine:
         engines: list[FakeEngine] | None = None,
         start_gate: threading.Event | None = None,
         fail_start: bool = False,
+        audio_window_frames: int = 0,
     ) -> Callable[[Profile], Awaitable[FakeEngine]]:
-        """An `engine_factory` for `create_app`; started engines are appended to `engines`."""
+        """An `engine_factory` for `create_app`; started engines are appended to `engines`.
+        `audio_window_frames`: as `ModelInfo`'s (0: sessions encode nothing ahead)."""
 
         async def start(profile: Profile) -> FakeEngine:
             if start_gate is not None:
@@ -128,7 +148,8 @@ class FakeEngine:
                     await asyncio.sleep(0.01)
             if fail_start:
                 raise RuntimeError("weights not found")
-            engine = cls(fake_model_info(profile.model.served_name), script or Script())
+            info = fake_model_info(profile.model.served_name, audio_window_frames)
+            engine = cls(info, script or Script())
             if engines is not None:
                 engines.append(engine)
             return engine
@@ -218,6 +239,9 @@ class FakeEngine:
     async def warm(self, prompt: Prompt, cache_key: str) -> None:
         self.warmed.append(cache_key)
 
+    def encode_ahead(self, cache_key: str, features: Sequence[np.ndarray]) -> None:
+        self.ahead.append((cache_key, tuple(features)))
+
     def forget(self, cache_key: str) -> None:
         self.forgotten.append(cache_key)
 
@@ -280,10 +304,14 @@ def serve_fake(
 
 
 @contextmanager
-def serve_realtime(script: Script | None = None, **realtime: Any) -> Iterator[FakeServer]:
-    """As `serve_fake`, with `realtime` overriding keys of the profile's `realtime` section."""
+def serve_realtime(
+    script: Script | None = None, *, audio_window_frames: int = 0, **realtime: Any
+) -> Iterator[FakeServer]:
+    """As `serve_fake`, with `realtime` overriding keys of the profile's `realtime` section;
+    `audio_window_frames` as `FakeEngine.factory`'s."""
     profile = parse_profile({"realtime": realtime})
     engines: list[FakeEngine] = []
-    app = create_app(profile, FakeEngine.factory(script, engines=engines))
+    factory = FakeEngine.factory(script, engines=engines, audio_window_frames=audio_window_frames)
+    app = create_app(profile, factory)
     with serve(app) as url:
         yield FakeServer(url, app, engines)
