@@ -153,6 +153,19 @@ class LogMelStream:
         top = raw.max()
         self._top = top if self._top is None else torch.maximum(self._top, top)
 
+    def fork(self, samples: int) -> LogMelStream:
+        """A stream of this clip's first `samples` samples (where it may end), holding the frames
+        computed so far that read only those: finish it with that clip, advance it no further. This
+        stream goes on."""
+        lm = self.log_mel
+        valid = (samples - lm.n_fft // 2) // lm.hop + 1 if samples >= lm.min_samples else 0
+        out = LogMelStream(lm)
+        out._received = samples
+        keep = min(self.frames, valid)
+        if keep:
+            out._add(torch.cat(self._blocks, dim=1)[:, :keep])
+        return out
+
     def features(self, start: int, end: int) -> np.ndarray:
         """Features of computed frames [start, end), floored at the maximum so far: what the finished
         clip's frames will be unless a louder frame comes later."""

@@ -1,19 +1,21 @@
 """The conversation of one session: ordered items, and the chat history they feed the thinker.
 
-User audio is kept as 16 kHz float32 PCM and replayed to the thinker as audio on every turn;
-assistant turns are replayed as their (possibly truncated) transcript. A `function_call` item is a
-call the model made (or the client added), a `function_call_output` item the result the client
-sends back for it.
+User audio is kept as 16 kHz float32 PCM and replayed to the thinker as audio on every turn, with
+its log-mel features, computed once (`prompting.featurize`); assistant turns are replayed as their
+(possibly truncated) transcript. A `function_call` item is a call the model made (or the client
+added), a `function_call_output` item the result the client sends back for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
+from omnivoice.audio.log_mel import LogMelStream
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.types import AudioPart, ChatMessage, TextPart, ToolCall
 
@@ -30,6 +32,8 @@ class Content:
     text: str | None = None
     audio: np.ndarray | None = None  # input_audio: 16 kHz float32
     transcript: str | None = None
+    features: np.ndarray | None = None  # input_audio: its log-mel features, once computed
+    stream: LogMelStream | None = None  # input_audio spoken: its features computed while it was spoken
 
     def wire(self) -> dict[str, Any]:
         if self.type in ("input_text", "output_text"):
@@ -71,7 +75,7 @@ class Item:
         parts: list[TextPart | AudioPart] = []
         for c in self.content:
             if c.type == "input_audio" and c.audio is not None and c.audio.size:
-                parts.append(AudioPart(c.audio, INPUT_RATE))
+                parts.append(AudioPart(c.audio, INPUT_RATE, c.features))
             elif c.type == "input_audio" and c.transcript:
                 parts.append(TextPart(c.transcript))
             elif c.text or c.transcript:
@@ -88,6 +92,16 @@ class Conversation:
 
     def __init__(self) -> None:
         self.items: list[Item] = []
+        self.featurizing = asyncio.Lock()  # held while its audio's features are computed
+
+    def unfeaturized(self) -> list[Content]:
+        """Audio content whose features are not computed yet."""
+        return [
+            c
+            for i in self.items
+            for c in i.content
+            if c.audio is not None and c.audio.size and c.features is None
+        ]
 
     def get(self, item_id: str) -> Item | None:
         return next((i for i in self.items if i.id == item_id), None)
@@ -119,6 +133,7 @@ class Conversation:
         """A copy with `item` appended (the items themselves are shared); this one is unchanged."""
         out = Conversation()
         out.items = [*self.items, item]
+        out.featurizing = self.featurizing  # the same items: featurized under the same lock
         return out
 
     def delete(self, item_id: str) -> bool:

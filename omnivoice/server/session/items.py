@@ -24,7 +24,8 @@ from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.tools import FUNCTION_NAME
 from omnivoice.types import ModelInfo, text_exceeds
 
-MIN_AUDIO_MS = 10  # an item's audio: the thinker's audio features have one frame per 10 ms
+# an item's audio: the features' first frame (10 ms apart) reads 200 samples either side of its centre
+MIN_AUDIO_MS = 13
 MIN_AUDIO_SAMPLES = INPUT_RATE * MIN_AUDIO_MS // 1000
 _USER_TYPES = {"input_text", "input_audio"}
 _ASSISTANT_TYPES = {

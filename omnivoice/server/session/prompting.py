@@ -1,14 +1,45 @@
 """The thinker prompt of a response: the conversation history, and the functions it offers the model,
-oldest items dropped until it fits."""
+oldest items dropped until it fits.
+
+Each audio item's log-mel features are computed once and kept with it, so neither later turns nor
+dropping items to fit featurize any audio again.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
+from omnivoice.audio.log_mel import LogMel
 from omnivoice.engine.api import EngineAPI
-from omnivoice.server.session.conversation import Conversation
+from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation
 from omnivoice.types import ChatMessage, FunctionSpec, Prompt, TextPart, text_exceeds
+
+
+async def featurize(log_mel: LogMel, conversation: Conversation) -> None:
+    """Compute the features of the conversation's audio that has none yet, in a worker thread (CPU
+    work in proportion to the audio). A clip spoken under server VAD has most of its frames computed
+    already: only its last ones remain. Audio that cannot be featurized keeps none; the prompt
+    builder then says why."""
+    if log_mel.sample_rate != INPUT_RATE or not conversation.unfeaturized():
+        return  # (a model of another rate: the prompt builder resamples and featurizes)
+    async with conversation.featurizing:  # two prompts built at once featurize each clip once
+        todo = conversation.unfeaturized()
+        if todo:
+            await asyncio.to_thread(_featurize, log_mel, todo)
+
+
+def _featurize(log_mel: LogMel, contents: list[Content]) -> None:
+    for c in contents:
+        assert c.audio is not None
+        stream, c.stream = c.stream, None
+        if stream is not None:
+            with contextlib.suppress(ValueError):  # (the clip is not what was streamed: featurize it whole)
+                c.features = stream.finish(c.audio)
+                continue
+        with contextlib.suppress(ValueError):
+            c.features = log_mel(c.audio)
 
 
 async def build_prompt(
@@ -19,11 +50,12 @@ async def build_prompt(
 ) -> tuple[Prompt, list[ChatMessage]] | str:
     """The prompt and the messages it holds, or a user-facing reason why there is none.
 
-    Audio feature extraction is CPU work, so prompts are built in a worker thread. When the history
+    Tokenizing is CPU work, so prompts are built in a worker thread. When the history
     is longer than the thinker's context, the oldest items are left out ("truncation": "auto"):
     first, without tokenizing, those whose text alone could not fit (`text_exceeds`).
     """
     limit, max_chars = engine.info.max_prompt_tokens, engine.info.max_prompt_chars
+    await featurize(engine.log_mel, conversation)
     for skip in range(max(1, len(conversation.items))):
         messages = conversation.messages(instructions, skip)
         if not messages:

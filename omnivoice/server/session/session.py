@@ -71,9 +71,15 @@ class Session:
         # a committed buffer becomes one audio part, which may not exceed the server's audio limit
         buffer_s = min(profile.realtime.max_buffer_seconds, profile.server.max_audio_seconds)
         self.turns = Turns(
-            self.settings, vad.stream(), int(buffer_s * INPUT_RATE), self.conversation, outbox,
+            self.settings,
+            vad.stream(),
+            int(buffer_s * INPUT_RATE),
+            self.conversation,
+            outbox,
             pause_ms=profile.realtime.speculative_pause_ms,
-        )  # fmt: skip
+            log_mel=engine.log_mel,
+            window_frames=info.audio_window_frames,
+        )
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
         self.transcriber = Transcriber(session_id, engine, outbox, tokens)
@@ -194,6 +200,11 @@ class Session:
                 if item is not None:
                     self._turn_ended(item, early)
                     self._transcribe(item)
+        if self.turns.ahead:  # whole encoder windows of the turn being spoken: encoded while it goes on
+            windows, self.turns.ahead = self.turns.ahead, []
+            td = self.settings.turn_detection
+            if td is not None and td.create_response:
+                self.engine.encode_ahead(self.id, windows)
 
     def _transcribe(self, item: Item) -> None:
         """A committed user turn: transcribe it beside its response (started first), if asked to."""
@@ -249,7 +260,9 @@ class Session:
     def _turn_ended(self, item: Item, early: tuple[Speculation, Slot] | None) -> None:
         """A user turn has ended (server VAD): respond, with the response started when the speech
         paused (`early`, whose user item is `item`, with its slot) if there is one. The conversation
-        before the turn was prefilled into the engine's prefix cache when the speech started (`_warm`)."""
+        before the turn was prefilled into the engine's prefix cache when the speech started (`_warm`),
+        and the turn's audio was featurized, and encoded window by window, while it was spoken
+        (`append_audio`)."""
         if early is not None:  # only made while no response runs and the turn creates one
             spec, self._slot = early
             self._start_response(spec.plan, spec)

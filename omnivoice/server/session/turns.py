@@ -10,6 +10,10 @@ as the item it would commit, without committing it (a speculative response is pr
 `speech_stopped` commits that same item if the turn ends there). Without VAD the client commits
 (`commit`) or clears (`clear`) the buffer itself. `Turns` knows nothing of responses: the session
 decides what a turn does.
+
+While a turn is spoken (server VAD), its log-mel features are computed as its audio arrives, in the
+same worker thread as the VAD, so the committed item's features need only their last frames; each
+whole audio-encoder window of them is put in `ahead` for the session to have encoded ahead.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import binascii
 
 import numpy as np
 
+from omnivoice.audio.log_mel import LogMel, LogMelStream
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import VadStream
 from omnivoice.audio.wav import AudioDecodeError
@@ -37,7 +42,9 @@ OFF_LOOP_AUDIO_CHARS = 32 * 1024
 
 class Turns:
     """The input buffer (at most `max_samples` at 16 kHz), the VAD stream and turn detector, and the
-    turn being spoken. Committed items go into `conversation`, events to `outbox`."""
+    turn being spoken. Committed items go into `conversation`, events to `outbox`. `log_mel` (None:
+    none) featurizes a turn while it is spoken; `window_frames` (0: none) is the audio encoder's
+    window, whose whole windows of a turn's features go to `ahead`."""
 
     def __init__(
         self,
@@ -47,6 +54,8 @@ class Turns:
         conversation: Conversation,
         outbox: Outbox,
         pause_ms: int = 0,
+        log_mel: LogMel | None = None,
+        window_frames: int = 0,
     ) -> None:
         self.settings = settings
         self._pause_ms = pause_ms  # silence after speech that is a pause (TurnDetector)
@@ -58,6 +67,11 @@ class Turns:
         self._detector = TurnDetector(td, pause_ms=pause_ms) if td else None
         self._speech: tuple[str, int] | None = None  # (item id, audio start) of the turn being spoken
         self._in = StreamResampler(settings.input_format.sample_rate, INPUT_RATE)
+        self._log_mel = log_mel if log_mel is not None and log_mel.sample_rate == INPUT_RATE else None
+        self._window = window_frames
+        self._stream: LogMelStream | None = None  # the features of the turn being spoken, so far
+        self._windows_out = 0  # whole windows of them put in `ahead`
+        self.ahead: list[np.ndarray] = []  # whole windows [n_mels, window_frames] for the session to send
 
     @property
     def max_seconds(self) -> float:
@@ -75,7 +89,7 @@ class Turns:
                 self._vad.reset()
             td = new.turn_detection
             self._detector = TurnDetector(td, position, self._pause_ms) if td else None
-            self._speech = None
+            self._speech = self._stream = None
 
     # ---- appending ------------------------------------------------------------------------------
     async def decode(self, e: p.AudioAppend) -> np.ndarray:
@@ -109,8 +123,28 @@ class Turns:
             raise p.ProtocolError(message, "input_audio_buffer_full", "audio", event_id) from None
         if self._detector is None or not pcm.size:
             return []
-        probs = await asyncio.to_thread(self._vad.process, pcm)
+        stream, safe = self._stream, 0
+        if stream is not None and self._speech is not None:
+            # the turn ends where the detector hears it end: never before the audio scored so far
+            safe = self._detector.next_frame - self._speech[1]
+        probs, windows = await asyncio.to_thread(self._score, pcm, stream, safe)
+        self.ahead += windows
         return self._detector.update(probs)
+
+    def _score(
+        self, pcm: np.ndarray, stream: LogMelStream | None, safe: int
+    ) -> tuple[list[float], list[np.ndarray]]:
+        """(worker thread) VAD over the new audio; the spoken turn's features as far as `safe`
+        samples into it, and its windows completed by them."""
+        windows: list[np.ndarray] = []
+        if stream is not None:
+            stream.extend(pcm)
+            stream.advance(safe)
+            while self._window and stream.frames >= (self._windows_out + 1) * self._window:
+                start = self._windows_out * self._window
+                windows.append(stream.features(start, start + self._window))
+                self._windows_out += 1
+        return self._vad.process(pcm), windows
 
     def _keep_while_idle(self) -> int:
         td = self.settings.turn_detection
@@ -123,6 +157,9 @@ class Turns:
         assert td is not None
         start = max(self.buffer.start, position - td.prefix_padding_ms * INPUT_RATE // 1000)
         self._speech = (new_id("item"), start)
+        if self._log_mel is not None:
+            self._stream, self._windows_out = self._log_mel.stream(), 0
+            self._stream.extend(self.buffer.peek(start, self.buffer.end))
         self._outbox.put(
             {
                 "type": "input_audio_buffer.speech_started",
@@ -137,7 +174,9 @@ class Turns:
         if self._speech is None:
             return None
         item_id, start = self._speech
-        return _user_item(item_id, self.buffer.peek(start, position))
+        # its features: the frames computed so far that end before `position` (the stream goes on)
+        stream = self._stream.fork(position - start) if self._stream is not None else None
+        return _user_item(item_id, self.buffer.peek(start, position), stream)
 
     def speech_stopped(self, position: int, spoken: Item | None = None) -> Item | None:
         """The detector heard the speech end at `position`: the turn's audio becomes a user item
@@ -146,7 +185,7 @@ class Turns:
         if self._speech is None:
             return None
         item_id, start = self._speech
-        self._speech = None
+        stream, self._speech, self._stream = self._stream, None, None
         self._outbox.put(
             {
                 "type": "input_audio_buffer.speech_stopped",
@@ -156,7 +195,7 @@ class Turns:
         )
         audio = self.buffer.take(start, position)
         if spoken is None:
-            return self._commit(_user_item(item_id, audio))
+            return self._commit(_user_item(item_id, audio, stream))
         assert spoken.id == item_id, "the spoken item of another turn"
         return self._commit(spoken)
 
@@ -174,7 +213,7 @@ class Turns:
             )
             raise p.ProtocolError(message, "input_audio_buffer_commit_empty", None, event_id)
         item_id = self._speech[0] if self._speech else new_id("item")
-        self._speech = None
+        self._speech = self._stream = None  # the whole buffer: not the audio the stream featurized
         audio = self.buffer.take(self.buffer.start, self.buffer.end)
         if self._detector is not None:
             self._detector.reset(self._detector.next_frame)
@@ -193,7 +232,7 @@ class Turns:
     def clear(self) -> None:
         """`input_audio_buffer.clear`: drop the buffer and the turn being spoken."""
         self.buffer.clear()
-        self._speech = None
+        self._speech = self._stream = None
         self._in.reset()
         self._vad.reset()
         if self._detector is not None:
@@ -201,5 +240,5 @@ class Turns:
         self._outbox.put({"type": "input_audio_buffer.cleared"})
 
 
-def _user_item(item_id: str, audio: np.ndarray) -> Item:
-    return Item(item_id, "user", [Content("input_audio", audio=audio)])
+def _user_item(item_id: str, audio: np.ndarray, stream: LogMelStream | None = None) -> Item:
+    return Item(item_id, "user", [Content("input_audio", audio=audio, stream=stream)])
