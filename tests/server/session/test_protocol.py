@@ -104,6 +104,11 @@ async def test_bad_events_get_errors_and_the_session_survives(srv: FakeServer) -
         )
         await expect({"type": "session.update", "session": {"frobnicate": True}}, "unknown_parameter")
         await expect({"type": "conversation.item.create", "item": {"type": "function_call"}}, "invalid_value")
+        too_short = base64.b64encode(bytes(2 * 288)).decode()  # 12 ms: no feature frame in it
+        item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": too_short}]}
+        await expect(
+            {"type": "conversation.item.create", "item": item}, "invalid_value", "item.content[0].audio"
+        )
         # after all that, a normal turn still works
         await conn.conversation.item.create(
             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
