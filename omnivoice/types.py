@@ -228,6 +228,10 @@ class StageStats:
     tombstones: int = 0
     prefixes: int = 0  # conversations whose prefix is cached (thinker)
     kv_slots_used: int = 0  # KV cache slots held: running requests plus cached prefixes
+    # thinker: audio-encoder windows encoded since the stage started, and how many windows of requests'
+    # audio came encoded ahead (speech encoded while it was spoken)
+    audio_windows: int = 0
+    audio_windows_ahead: int = 0
     # The worker's process (the server's own for thread workers): pid, resident memory, open fds.
     pid: int = 0
     rss_bytes: int = 0
@@ -257,6 +261,8 @@ class StageStats:
             prefixes=sum(p.prefixes for p in parts),
             kv_slots_used=sum(p.kv_slots_used for p in parts),
             gave_way_s=sum(p.gave_way_s for p in parts),
+            audio_windows=sum(p.audio_windows for p in parts),
+            audio_windows_ahead=sum(p.audio_windows_ahead for p in parts),
         )
 
 

@@ -217,6 +217,8 @@ class ThinkerRunner:
             cached_tokens=self._cached_tokens,
             prefixes=len(self.prefix),
             kv_slots_used=len(self.cache.lengths) - self.cache.free_slots,
+            audio_windows=self.audio.encoder.windows_encoded,
+            audio_windows_ahead=self.audio.ahead_used,
         )
 
     @torch.inference_mode()
