@@ -4,6 +4,7 @@ omnivoice serve [--profile PATH] [--host H] [--port P] [--log-level L] [--insecu
 omnivoice bench ...                 (load benchmark; options from omnivoice.bench.cli)
 omnivoice bench engine ...          (in-process engine benchmark; options from omnivoice.bench.engine_cli)
 omnivoice bench parity ...          (CUDA-graphed vs eager: identical greedy outputs)
+omnivoice bench encoder ...         (the audio encoder, per utterance vs batched; omnivoice.bench.encoder_cli)
 omnivoice bench realtime ...        (spoken /v1/realtime sessions; options from omnivoice.bench.realtime_cli)
 omnivoice bench soak ...            (a long realtime run with barge-ins and abrupt disconnects, then a
                                      leak check; options from omnivoice.bench.soak_cli)
@@ -97,6 +98,18 @@ def build_parser(
 
     add_parity_arguments(parity)
     parity.set_defaults(func=_bench_parity)
+    encoder = modes.add_parser(
+        "encoder",
+        help="time the thinker's audio encoder: one call per utterance against batched windows",
+        description="Builds the model's audio encoder on the profile's thinker device and times "
+        "utterances of each --seconds in batches of each --batch: transformers' tower one call per "
+        "utterance and packed, and omnivoice's batched encoder (with CUDA graphs on a GPU); prints a table "
+        "and writes JSON.",
+    )
+    from omnivoice.bench.encoder_cli import add_arguments as add_encoder_arguments  # argparse only
+
+    add_encoder_arguments(encoder)
+    encoder.set_defaults(func=_bench_encoder)
     realtime = modes.add_parser(
         "realtime",
         help="concurrent spoken sessions against /v1/realtime: voice-to-voice latency and output gaps",
@@ -140,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with_bench = positional[:1] == ["bench"] and positional[1:2] not in (
         ["engine"],
         ["parity"],
+        ["encoder"],
         ["realtime"],
         ["soak"],
     )
@@ -200,6 +214,13 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
 def _bench_parity(args: argparse.Namespace) -> int:
     from omnivoice.bench.parity import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_encoder(args: argparse.Namespace) -> int:
+    from omnivoice.bench.encoder_cli import run
 
     configure_logging("info")
     return run(args)
