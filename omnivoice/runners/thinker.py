@@ -36,7 +36,7 @@ from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_ke
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_audio import ThinkerAudio
-from omnivoice.runners.thinker_inputs import embed_prompt, needed_clips
+from omnivoice.runners.thinker_inputs import check_audio, embed_prompt, needed_clips
 from omnivoice.runners.transfer import ReadBack, to_device
 from omnivoice.types import GenerationRequest, Sampling, StageStats
 
@@ -173,6 +173,7 @@ class ThinkerRunner:
         n = len(req.prompt.input_ids)
         if n == 0 or n >= self.cfg.max_seq_len:
             raise ValueError(f"prompt of {n} tokens does not fit the context of {self.cfg.max_seq_len}")
+        check_audio(req.prompt, self.spec.audio_pad_id, self.audio.encoder.n_mels, self.audio.encoder.tokens)
         if req.thinker.grammar is not None and not req.prefill_only:
             self.constraints.add(req.request_id, req.thinker.grammar)  # compiled here, off the step
         self.waiting.append(req)
@@ -238,7 +239,7 @@ class ThinkerRunner:
         # waits until its audio is encoded.
         if len(self.waiting) > 1:
             self.waiting = deque(self.policy.order(self.waiting, _waiting_playback))
-        self._encode_audio()
+        self.audio.step(self.waiting, self._clips)
         batch: list[_Pending] = []
         budget = self.cfg.max_prefill_tokens
         while self._can_admit(len(batch)) and self._next_fits(budget if batch else None):
@@ -254,29 +255,20 @@ class ThinkerRunner:
         return outs + self._read_back(keep)
 
     # ---- internals ---------------------------------------------------------------------------
-    def _encode_audio(self) -> None:
-        """Plan the audio of the waiting requests, in order, as far as one step's encoder budget
-        reaches (only the clips past a request's cached prefix), and encode one step's windows."""
-        todo = 0
-        for req in self.waiting:
-            if todo >= self.audio.budget:
-                break
-            rid = req.request_id
-            if not self.audio.planned(rid):
-                keys, _, reuse = self._match(req, self._keys.get(rid))
-                if req.cache_key:
-                    self._keys[rid] = keys
-                self.audio.plan(req, needed_clips(req.prompt, self.spec.audio_pad_id, reuse))
-            todo += self.audio.missing(rid)
-        self.audio.step(r.request_id for r in self.waiting)
+    def _clips(self, req: GenerationRequest) -> list[int]:
+        """The audio clips of a waiting request past its conversation's cached prefix (its position
+        keys are kept for its admission)."""
+        keys, _, reuse = self._match(req, self._keys.get(req.request_id))
+        if req.cache_key:
+            self._keys[req.request_id] = keys
+        return needed_clips(req.prompt, self.spec.audio_pad_id, reuse)
 
     def _next_fits(self, tokens_left: int | None) -> bool:
         """Whether the head of the queue may join this step's prefill: its audio is encoded, and its
         prompt fits the tokens left (None: the first of the batch, which always fits)."""
         req = self.waiting[0]
-        if tokens_left is not None and len(req.prompt.input_ids) > tokens_left:
-            return False
-        return self.audio.planned(req.request_id) and not self.audio.missing(req.request_id)
+        fits = tokens_left is None or len(req.prompt.input_ids) <= tokens_left
+        return fits and self.audio.ready(req.request_id)
 
     def _match(self, req: GenerationRequest, keys: list | None) -> tuple[list, PrefixEntry | None, int]:
         """`req`'s position keys, its conversation's cached prefix and how much of it the prompt reuses

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,8 +89,9 @@ class ThinkerAudio:
             planned[i] = slots
         return self.missing(request.request_id)
 
-    def planned(self, request_id: str) -> bool:
-        return request_id in self._requests
+    def ready(self, request_id: str) -> bool:
+        """Whether the request's audio is planned and all encoded."""
+        return request_id in self._requests and not self.missing(request_id)
 
     def missing(self, request_id: str) -> int:
         """Windows of the request still to encode."""
@@ -102,12 +103,17 @@ class ThinkerAudio:
         )
 
     # ---- encoding ------------------------------------------------------------------------------
-    def step(self, order: Iterable[str]) -> int:
-        """Encode up to `budget` windows: those of the requests in `order`, then windows sent ahead.
-        Returns how many were encoded."""
+    def step(
+        self, waiting: Iterable[GenerationRequest], clips: Callable[[GenerationRequest], list[int]]
+    ) -> int:
+        """Encode up to `budget` windows: those of the waiting requests in order (a request's clips,
+        `clips(request)`, are planned as it comes within reach), then windows sent ahead. Returns how
+        many were encoded."""
         todo: list[_Slot] = []
-        for rid in order:
-            todo += [s for slots in self._requests.get(rid, {}).values() for s in slots if s.out is None]
+        for req in waiting:
+            if req.request_id not in self._requests:
+                self.plan(req, clips(req))
+            todo += [s for slots in self._requests[req.request_id].values() for s in slots if s.out is None]
             if len(todo) >= self.budget:
                 break
         todo += [s for windows in self._ahead.values() for s in windows.values() if s.out is None]

@@ -3,7 +3,7 @@ output placed on each audio placeholder run."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -22,6 +22,21 @@ def audio_spans(ids: tuple[int, ...], audio_pad_id: int) -> list[tuple[int, int]
             spans.append((start, i))
             start = -1
     return spans
+
+
+def check_audio(prompt: Prompt, audio_pad_id: int, n_mels: int, tokens: Callable[[int], int]) -> None:
+    """Raise ValueError unless every audio clip is [n_mels, frames > 0] and its placeholder run holds
+    as many placeholders as the encoder makes tokens of it (`tokens(frames)`)."""
+    spans = audio_spans(prompt.input_ids, audio_pad_id)
+    if len(spans) != len(prompt.audio_features):
+        raise ValueError(f"{len(spans)} audio placeholder runs but {len(prompt.audio_features)} audio clips")
+    for i, ((a, b), mel) in enumerate(zip(spans, prompt.audio_features, strict=True)):
+        if mel.ndim != 2 or mel.shape[0] != n_mels or mel.shape[1] == 0:
+            raise ValueError(f"audio clip {i}: features must be [{n_mels}, frames], not {tuple(mel.shape)}")
+        if b - a != tokens(mel.shape[1]):
+            raise ValueError(
+                f"audio clip {i} has {b - a} placeholders for {tokens(mel.shape[1])} encoder outputs"
+            )
 
 
 def needed_clips(prompt: Prompt, audio_pad_id: int, start: int) -> list[int]:

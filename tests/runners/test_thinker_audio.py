@@ -133,3 +133,20 @@ def test_a_window_whose_features_changed_is_encoded_again(thinker) -> None:
 def test_windows_sent_ahead_must_be_whole_windows(thinker) -> None:
     with pytest.raises(ValueError, match=r"\[128, 800\]"):
         thinker.accept(EncodeAhead("conv4", (features(300, seed=4),)))
+
+
+def test_a_request_whose_audio_does_not_fit_its_placeholders_is_refused_alone(thinker) -> None:
+    """At its arrival, so it never fails the step of the requests running beside it."""
+    good = request(thinker, "good", features(150, seed=5), 2)
+    bad = request(thinker, "bad", features(150, seed=5), 2)
+    short = GenerationRequest(
+        "short", Prompt(bad.prompt.input_ids, (features(120, seed=6),)), want_audio=False
+    )
+    with pytest.raises(ValueError, match="20 placeholders for 16 encoder outputs"):
+        thinker.accept(NewRequest(short))
+    flat = GenerationRequest(
+        "flat", Prompt(bad.prompt.input_ids, (features(150, seed=6)[:80],)), want_audio=False
+    )
+    with pytest.raises(ValueError, match=r"features must be \[128, frames\]"):
+        thinker.accept(NewRequest(flat))
+    assert run(thinker, good)["good"]
