@@ -206,7 +206,8 @@ class ThinkerRunner:
         return [s for s in self.running.values() if s.sampled < s.max_tokens]
 
     def active_ids(self) -> list[str]:
-        return list(self.running)
+        # with the waiting requests whose audio a step encodes: a step that fails fails them too
+        return [*self.running, *self.audio.planned_ids()]
 
     def stats(self) -> StageStats:
         return StageStats(

@@ -89,6 +89,10 @@ class ThinkerAudio:
             planned[i] = slots
         return self.missing(request.request_id)
 
+    def planned_ids(self) -> list[str]:
+        """The requests whose audio is planned (waiting to be encoded or admitted)."""
+        return list(self._requests)
+
     def ready(self, request_id: str) -> bool:
         """Whether the request's audio is planned and all encoded."""
         return request_id in self._requests and not self.missing(request_id)

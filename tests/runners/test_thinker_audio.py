@@ -150,3 +150,20 @@ def test_a_request_whose_audio_does_not_fit_its_placeholders_is_refused_alone(th
     with pytest.raises(ValueError, match=r"features must be \[128, frames\]"):
         thinker.accept(NewRequest(flat))
     assert run(thinker, good)["good"]
+
+
+def test_an_encoder_fault_fails_the_requests_whose_audio_it_held(thinker, monkeypatch) -> None:
+    """The stage worker fails a step's active requests (and aborts them in the runner): those include
+    the waiting ones whose audio the step encoded, which would otherwise meet the fault at every step."""
+
+    def fault(windows: Any) -> Any:
+        raise RuntimeError("the device fell over")
+
+    thinker.accept(NewRequest(request(thinker, "doomed", features(900, seed=8), 2)))
+    monkeypatch.setattr(thinker.audio.encoder, "_call", fault)
+    with pytest.raises(RuntimeError, match="fell over"):
+        thinker.step()
+    assert thinker.active_ids() == ["doomed"]
+    for rid in thinker.active_ids():
+        thinker.abort(rid)  # as the stage worker does with a failed step's requests
+    assert not thinker.has_work()
