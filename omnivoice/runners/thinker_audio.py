@@ -12,7 +12,9 @@ completed window of the turn's features. When the turn's request comes, each win
 features are those of a window sent ahead (same bits: a digest of them) takes that window's output, so
 only the rest (the turn's tail) is encoded then. A window whose features changed since (the finished
 clip's louder maximum raised the floor of its quiet frames) matches nothing and is encoded again, so
-the result is always the clip's own encoding.
+the result is always the clip's own encoding. Windows sent ahead stay after use (the last
+`AHEAD_WINDOWS` of each of the most recent conversations), since a request that used them may be a
+speculative response that is dropped when the caller speaks on: the turn's own request uses them again.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ class ThinkerAudio:
             if ahead:
                 for n, slot in enumerate(slots):
                     if slot.window.mel.shape[1] == self.encoder.window:
-                        found = ahead.pop(_digest(slot.window.mel), None)
+                        # kept for the turn's next request (a speculative one may be dropped)
+                        found = ahead.get(_digest(slot.window.mel))
                         if found is not None:
                             slots[n] = found
                             self.ahead_used += 1

@@ -74,6 +74,22 @@ def test_a_stream_finished_on_a_shorter_clip_ignores_audio_past_its_end(extracto
         stream.finish(pcm[:20000])
 
 
+def test_a_fork_finishes_a_shorter_clip_while_the_stream_goes_on(extractor) -> None:
+    """A pause: the turn so far is featurized as the clip it would be, and the turn goes on."""
+    log_mel = LogMel.of(extractor)
+    pcm = speech(3.0)
+    stream = log_mel.stream()
+    stream.extend(pcm[:32000])
+    stream.advance(30000)
+    pause = 25000  # before audio the stream already read
+    fork = stream.fork(pause)
+    assert 0 < fork.frames < stream.frames
+    np.testing.assert_allclose(fork.finish(pcm[:pause]), log_mel(pcm[:pause]), rtol=0, atol=1e-6)
+    stream.extend(pcm[32000:])
+    stream.advance(pcm.size)
+    np.testing.assert_allclose(stream.finish(pcm), log_mel(pcm), rtol=0, atol=1e-6)
+
+
 def test_frames_ahead_are_final_unless_a_louder_frame_comes(extractor) -> None:
     log_mel = LogMel.of(extractor)
     pcm = speech(4.0)  # loudest at 2.8-3.2 s

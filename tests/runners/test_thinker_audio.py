@@ -114,6 +114,11 @@ def test_windows_sent_ahead_are_used_by_the_turn_and_give_the_same_answer(thinke
     assert thinker.audio.ahead_used == used + 1
     assert thinker.audio.encoder.windows_encoded == encoded + 2  # only the tail at the turn's end
     assert turn == alone
+    # kept for the conversation's next request of that audio (a speculative response dropped when the
+    # caller spoke on, then the turn's own)
+    longer = np.concatenate([mel, features(200, seed=9)], axis=1)
+    run(thinker, request(thinker, "resumed", longer, 2, key="conv"))
+    assert thinker.audio.ahead_used == used + 2
 
 
 def test_a_window_whose_features_changed_is_encoded_again(thinker) -> None:
