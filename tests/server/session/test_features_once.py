@@ -67,3 +67,25 @@ async def test_each_clip_is_featurized_once_across_turns_and_truncation(tmp_path
         assert window.shape == (128, WINDOW)
         changed = window != final
         np.testing.assert_allclose(final[changed], floor, rtol=0, atol=1e-6)
+
+
+async def test_a_confirmed_speculative_turn_keeps_the_features_its_response_was_prompted_with(
+    tmp_path: Path,
+) -> None:
+    """Speculative responses on (the default): the response started at the pause was prompted with the
+    turn's item, featurized from the frames computed while it was spoken; the turn commits that item,
+    features and all, and nothing featurizes it again."""
+    speech = speak("Tell me something about the weather at the sea.", tmp_path)
+    with serve_realtime() as srv:
+        async with client(srv.url).realtime.connect(model="omnivoice") as conn:
+            rec = Recorder(conn)
+            sid = (await rec.next("session.created")).session.id
+            await send_audio(conn, pcm16(0.5, speech, 1.0))
+            await rec.next("response.done")
+            (item,) = srv.app.state.realtime.sessions[sid].conversation.items[:1]
+            await rec.close()
+    engine = srv.engine
+    (clip,) = item.content
+    last = [p for m in engine.prompts[-1] for p in m.parts if isinstance(p, AudioPart)]
+    assert last[-1].features is clip.features is not None  # the response's prompt had these very ones
+    np.testing.assert_allclose(clip.features, engine.log_mel(clip.audio), rtol=0, atol=1e-6)
