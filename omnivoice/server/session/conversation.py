@@ -94,15 +94,6 @@ class Conversation:
         self.items: list[Item] = []
         self.featurizing = asyncio.Lock()  # held while its audio's features are computed
 
-    def unfeaturized(self) -> list[Content]:
-        """Audio content whose features are not computed yet."""
-        return [
-            c
-            for i in self.items
-            for c in i.content
-            if c.audio is not None and c.audio.size and c.features is None
-        ]
-
     def get(self, item_id: str) -> Item | None:
         return next((i for i in self.items if i.id == item_id), None)
 

@@ -13,21 +13,28 @@ from collections.abc import Sequence
 
 from omnivoice.audio.log_mel import LogMel
 from omnivoice.engine.api import EngineAPI
-from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation
+from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item
 from omnivoice.types import ChatMessage, FunctionSpec, Prompt, TextPart, text_exceeds
 
 
-async def featurize(log_mel: LogMel, conversation: Conversation) -> None:
-    """Compute the features of the conversation's audio that has none yet, in a worker thread (CPU
-    work in proportion to the audio). A clip spoken under server VAD has most of its frames computed
-    already: only its last ones remain. Audio that cannot be featurized keeps none; the prompt
-    builder then says why."""
-    if log_mel.sample_rate != INPUT_RATE or not conversation.unfeaturized():
+async def featurize(log_mel: LogMel, items: Sequence[Item], lock: asyncio.Lock) -> None:
+    """Compute the features of the items' audio that has none yet, in a worker thread (CPU work in
+    proportion to the audio), under `lock` (their conversation's: a response, an early prefill and a
+    transcription may build prompts of the same clip at once). A clip spoken under server VAD has
+    most of its frames computed already: only its last ones remain. Audio that cannot be featurized
+    keeps none; the prompt builder then says why."""
+    if log_mel.sample_rate != INPUT_RATE or not _unfeaturized(items):
         return  # (a model of another rate: the prompt builder resamples and featurizes)
-    async with conversation.featurizing:  # two prompts built at once featurize each clip once
-        todo = conversation.unfeaturized()
+    async with lock:
+        todo = _unfeaturized(items)
         if todo:
             await asyncio.to_thread(_featurize, log_mel, todo)
+
+
+def _unfeaturized(items: Sequence[Item]) -> list[Content]:
+    return [
+        c for i in items for c in i.content if c.audio is not None and c.audio.size and c.features is None
+    ]
 
 
 def _featurize(log_mel: LogMel, contents: list[Content]) -> None:
@@ -55,7 +62,7 @@ async def build_prompt(
     first, without tokenizing, those whose text alone could not fit (`text_exceeds`).
     """
     limit, max_chars = engine.info.max_prompt_tokens, engine.info.max_prompt_chars
-    await featurize(engine.log_mel, conversation)
+    await featurize(engine.log_mel, conversation.items, conversation.featurizing)
     for skip in range(max(1, len(conversation.items))):
         messages = conversation.messages(instructions, skip)
         if not messages:

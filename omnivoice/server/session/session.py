@@ -82,7 +82,7 @@ class Session:
         )
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
-        self.transcriber = Transcriber(session_id, engine, outbox, tokens)
+        self.transcriber = Transcriber(session_id, engine, outbox, tokens, self.conversation.featurizing)
         self.response: Response | None = None
         self._slot: Slot | None = None
         self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms

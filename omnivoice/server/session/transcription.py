@@ -19,6 +19,7 @@ from typing import Any
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.conversation import INPUT_RATE, Item, new_id
 from omnivoice.server.session.outbox import Outbox
+from omnivoice.server.session.prompting import featurize
 from omnivoice.server.session.session_config import Transcription
 from omnivoice.types import (
     AudioPart,
@@ -61,10 +62,12 @@ def instruction(t: Transcription) -> str:
 
 
 def transcription_messages(item: Item, content_index: int, t: Transcription) -> list[ChatMessage]:
-    """The one user turn that asks for the transcript of the item's audio part `content_index`."""
-    audio = item.content[content_index].audio
-    assert audio is not None
-    return [ChatMessage("user", (AudioPart(audio, INPUT_RATE), TextPart(instruction(t))))]
+    """The one user turn that asks for the transcript of the item's audio part `content_index` (with
+    its features, once computed)."""
+    content = item.content[content_index]
+    assert content.audio is not None
+    audio = AudioPart(content.audio, INPUT_RATE, content.features)
+    return [ChatMessage("user", (audio, TextPart(instruction(t))))]
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -80,10 +83,19 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 class Transcriber:
     """A session's transcriptions in flight, one task each; `close` aborts them all in the engine."""
 
-    def __init__(self, session_id: str, engine: EngineAPI, outbox: Outbox, max_tokens: int) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        engine: EngineAPI,
+        outbox: Outbox,
+        max_tokens: int,
+        featurizing: asyncio.Lock | None = None,
+    ) -> None:
         self._session_id = session_id
         self._engine = engine
         self._outbox = outbox
+        # the conversation's lock: its prompts and the transcription featurize the item's audio once
+        self._featurizing = featurizing or asyncio.Lock()
         self._sampling = Sampling(temperature=0.0, max_tokens=max_tokens)  # greedy: the likeliest words
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -116,8 +128,9 @@ class Transcriber:
         self, item: Item, content_index: int, t: Transcription, where: dict[str, Any]
     ) -> tuple[str, Usage]:
         """The transcript and its usage; its deltas go out as they come."""
+        await featurize(self._engine.log_mel, [item], self._featurizing)  # kept with the item
         messages = transcription_messages(item, content_index, t)
-        try:  # feature extraction is CPU work in proportion to the audio: off the event loop
+        try:  # tokenizing is CPU work: off the event loop
             prompt = await asyncio.to_thread(self._engine.build_prompt, messages)
         except ValueError as e:
             raise TranscriptionFailed(str(e), "invalid_value") from None

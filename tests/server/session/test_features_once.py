@@ -31,6 +31,9 @@ async def test_each_clip_is_featurized_once_across_turns_and_truncation(tmp_path
         async with client(srv.url).realtime.connect(model="omnivoice") as conn:
             rec = Recorder(conn)
             sid = (await rec.next("session.created")).session.id
+            # the spoken turn is also transcribed: a prompt of its own, featurized with the response's
+            transcribed = {"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}}
+            await conn.session.update(session=transcribed)  # type: ignore[arg-type]
             # two typed-in clips of 3 s (75 of the fake model's 200 tokens each), one response each
             for seed in range(2):
                 await conn.conversation.item.create(item=audio_item(3.0, seed))  # type: ignore[arg-type]
@@ -40,6 +43,7 @@ async def test_each_clip_is_featurized_once_across_turns_and_truncation(tmp_path
             # one more clip: the history no longer fits, the oldest items are left out
             await send_audio(conn, pcm16(0.5, speech, 1.0))
             await rec.next("response.done")
+            await rec.first("conversation.item.input_audio_transcription.completed")
             await conn.conversation.item.create(item=audio_item(3.0, 2))  # type: ignore[arg-type]
             await conn.response.create()
             await rec.next("response.done")
@@ -54,7 +58,7 @@ async def test_each_clip_is_featurized_once_across_turns_and_truncation(tmp_path
         [p for m in messages for p in m.parts if isinstance(p, AudioPart)] for messages in engine.prompts
     ]
     assert all(p.features is not None for parts in prompts for p in parts)
-    assert len(engine.warmed) == 1 and len(prompts) >= 5
+    assert len(engine.warmed) == 1 and len(prompts) >= 6  # a transcription's among them
     assert len(prompts[-1]) < 4, "the last prompt left the oldest clips out"
     # the spoken turn's whole windows went ahead, as the finished clip has them (but for frames the
     # clip's louder end raised to its floor)
