@@ -209,10 +209,17 @@ class AudioEncoder:
         if not self.graphs.enabled:
             return
         began = time.perf_counter()
-        for rows in self.window_sizes:
-            for chunks in range(1, self.window_chunks + 1):
-                mel = torch.zeros(self.n_mels, chunks * self.chunk)
-                self._call([Window(mel, False)] * rows)
+        try:
+            for rows in self.window_sizes:
+                for chunks in range(1, self.window_chunks + 1):
+                    mel = torch.zeros(self.n_mels, chunks * self.chunk)
+                    self._call([Window(mel, False)] * rows)
+        except RuntimeError as e:  # an op of the tower that cannot be captured: the same math, eager
+            torch.cuda.synchronize(self.device)
+            self.graphs.captured.clear()
+            self.graphs.enabled = False
+            log.warning("audio encoder: not graphed (%s); running eagerly", str(e).splitlines()[0])
+            return
         log.info(
             "audio encoder: %d CUDA graphs captured in %.1f s (windows %s x chunks 1..%d)",
             len(self.graphs.captured),
