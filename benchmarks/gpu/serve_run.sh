@@ -6,6 +6,7 @@
 # $OUT/r: serve.log, start.json (engine start seconds), rt-s<N>.json per session count.
 #   SESSIONS="1 32"      session counts, one `bench realtime` each (3-6 s speech, server VAD)
 #   TURNS=2 RAMP=4       turns per session; seconds over which the sessions' starts are spread
+#   SPEC1=both SPEC=on   speculative responses on and off for one session, on (the default) for more
 #   TOKENS=64 FRAMES=240 each answer's text tokens and audio frames
 #   CHAT="32"            chat concurrencies, each run with the same speech as input_audio and as text only
 #   PROFILE=configs/h200-dummy.yaml  the served profile
@@ -27,7 +28,8 @@ echo "{\"engine_start_s\": $(( $(date +%s) - t0 )), \"ready\": \"${ready:-no}\"}
 cat "$OUT/r/start.json"
 if [ -z "$ready" ]; then tail -30 "$OUT/r/serve.log"; kill $server; exit 1; fi
 for n in ${SESSIONS:-1 32}; do
-    timeout ${TB:-200} python3 -m omnivoice bench realtime --sessions "$n" --turns ${TURNS:-2} --warmups 1 \
+    spec=${SPEC:-on}; [ "$n" = 1 ] && spec=${SPEC1:-both}
+    timeout ${TB:-200} python3 -m omnivoice bench realtime --sessions "$n" --turns ${TURNS:-2} --warmups 1 --speculative $spec \
         --ramp-s ${RAMP:-4} --speech-wav .speech/utt.wav --max-output-tokens ${TOKENS:-64} \
         --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
     tail -14 "$OUT/r/rt-s$n.log"
