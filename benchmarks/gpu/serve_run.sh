@@ -27,13 +27,6 @@ done
 echo "{\"engine_start_s\": $(( $(date +%s) - t0 )), \"ready\": \"${ready:-no}\"}" > "$OUT/r/start.json"
 cat "$OUT/r/start.json"
 if [ -z "$ready" ]; then tail -30 "$OUT/r/serve.log"; kill $server; exit 1; fi
-for n in ${SESSIONS:-1 32}; do
-    spec=${SPEC:-on}; [ "$n" = 1 ] && spec=${SPEC1:-both}
-    timeout ${TB:-200} python3 -m omnivoice bench realtime --sessions "$n" --turns ${TURNS:-2} --warmups 1 --speculative $spec \
-        --ramp-s ${RAMP:-4} --speech-wav .speech/utt.wav --max-output-tokens ${TOKENS:-64} \
-        --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
-    tail -14 "$OUT/r/rt-s$n.log"
-done
 fixed='{"min_tokens": '${TOKENS:-64}', "min_audio_frames": '${FRAMES:-240}', "max_audio_frames": '${FRAMES:-240}'}'
 for c in ${CHAT:-}; do
     for input in speech text; do
@@ -43,6 +36,13 @@ for c in ${CHAT:-}; do
             --label "$input input, c=$c" --output-json "$OUT/r/chat-$input-c$c.json" > "$OUT/r/chat-$input-c$c.log" 2>&1
         tail -12 "$OUT/r/chat-$input-c$c.log"
     done
+done
+for n in ${SESSIONS:-1 32}; do
+    spec=${SPEC:-on}; [ "$n" = 1 ] && spec=${SPEC1:-both}
+    timeout ${TB:-200} python3 -m omnivoice bench realtime --sessions "$n" --turns ${TURNS:-2} --warmups 1 --speculative $spec \
+        --ramp-s ${RAMP:-4} --speech-wav .speech/utt.wav --max-output-tokens ${TOKENS:-64} \
+        --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
+    tail -14 "$OUT/r/rt-s$n.log"
 done
 python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics.txt"
 kill -TERM $server; wait $server
