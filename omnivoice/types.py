@@ -238,6 +238,8 @@ class StageStats:
     open_fds: int = 0
     # (batch size, mean step seconds, steps) per batch size its steps ran (engine/capacity.py)
     step_times: tuple[tuple[int, float, int], ...] = ()
+    # the last step also prefilled prompts: its time says nothing of a decode step's (capacity)
+    last_step_prefilled: bool = False
     gave_way_s: float = 0.0  # time it waited, its work all AHEAD, for urgent work on its device
 
     @property

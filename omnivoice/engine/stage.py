@@ -230,7 +230,9 @@ class StageWorker:
             took = time.perf_counter() - started
             self._busy_s += took
         self._report_slow("a step", took)
-        self._step_times.add(self.runner.stats().last_batch_size, took)
+        stats = self.runner.stats()
+        if not stats.last_step_prefilled:  # a warm-up burst's or a wave's prefill is no decode step
+            self._step_times.add(stats.last_batch_size, took)
         usual = self._usual_step_s
         self._usual_step_s = took if usual is None else 0.9 * usual + 0.1 * took
         self._route(outs)

@@ -121,6 +121,7 @@ class TalkerRunner:
         self._queued: ReadBack[_Step] = ReadBack()
         self._steps = 0
         self._last_batch = 0
+        self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
         if graphs:
             self._capture_graphs()
         with torch.inference_mode():
@@ -174,7 +175,10 @@ class TalkerRunner:
         queued = sum(1 for s in self.seqs.values() if s.slot < 0)
         running = len(self.seqs) - queued
         used = len(self.cache.lengths) - self.cache.free_slots
-        return StageStats(self.name, queued, running, self._last_batch, self._steps, kv_slots_used=used)
+        return StageStats(
+            self.name, queued, running, self._last_batch, self._steps, kv_slots_used=used,
+            last_step_prefilled=self._prefilled,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def step(self, defer_ahead: bool = False) -> list[Any]:
@@ -187,7 +191,9 @@ class TalkerRunner:
         starting = self.policy.order(starting, _playback)[: self.cache.free_slots]
         queued = len(self._queued)
         self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
+        self._prefilled = False
         if starting:
+            self._prefilled = True
             outs += self._prefill(starting)  # new requests together, in one forward
         if batch:
             self._decode(batch)

@@ -146,6 +146,7 @@ class ThinkerRunner:
         self.running: dict[str, _Seq] = {}
         self._steps = 0
         self._last_batch = 0
+        self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
         self._cached_tokens = 0
         if cfg.execution == "cuda_graph":
             with torch.inference_mode():
@@ -216,6 +217,7 @@ class ThinkerRunner:
             len(self.running),
             self._last_batch,
             self._steps,
+            last_step_prefilled=self._prefilled,
             cached_tokens=self._cached_tokens,
             prefixes=len(self.prefix),
             kv_slots_used=len(self.cache.lengths) - self.cache.free_slots,
@@ -234,6 +236,7 @@ class ThinkerRunner:
             decoding = self.policy.select(self._decoding(), lambda s: s.playback, defer_ahead)
         queued = len(self._queued)
         self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
+        self._prefilled = False
         # Admit new requests first (in playback order), prefilled together: their first token is on
         # the time-to-first-audio path. At most max_prefill_tokens prompt tokens per step, and
         # audio_windows_per_step windows of their audio encoded, keep decode steps flowing; a request
@@ -247,6 +250,7 @@ class ThinkerRunner:
             batch.append(self._admit(self.waiting.popleft()))
             budget -= batch[-1].embeds.shape[1]
         if batch:
+            self._prefilled = True
             outs += self._prefill(batch)
         if decoding:
             self._decode(decoding)

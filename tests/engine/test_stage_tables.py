@@ -138,3 +138,30 @@ def test_a_step_far_slower_than_usual_is_logged(
     slow = [r.getMessage() for r in caplog.records if "slow" in r.getMessage()]
     assert len(slow) == 1, slow  # the one slow step; not the 2 ms ones, nor the first (no usual yet)
     assert slow[0].startswith("thinker stage: slow: a step took 2") and "0 running, 0 queued" in slow[0]
+
+
+class PrefillingRunner(SteppingRunner):
+    """Every third step also prefills (and takes 50 ms); the others decode a batch of 4 in 2 ms."""
+
+    def step(self, defer_ahead: bool = False) -> list[Any]:
+        self.done += 1
+        time.sleep(0.05 if self.done % 3 == 0 else 0.002)
+        return []
+
+    def stats(self) -> StageStats:
+        return StageStats(self.name, 0, 4, 4, self.done, last_step_prefilled=self.done % 3 == 0)
+
+
+def test_steps_that_prefilled_are_not_timed_as_decode_steps() -> None:
+    runner = PrefillingRunner(steps=30, slow=-1)
+    inbox, engine = LocalConnector(), LocalConnector()
+    thread = threading.Thread(target=StageWorker(runner, inbox, [], engine).run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: runner.done >= runner.steps, 5, what="every step of the runner")
+        s = latest_stats(engine, lambda s: sum(n for _, _, n in s.step_times) == 20)
+    finally:
+        inbox.put(Shutdown())
+        thread.join(5)
+    ((batch, median, steps),) = s.step_times
+    assert (batch, steps) == (4, 20) and median < 0.04  # the 10 prefilling steps are left out
