@@ -98,8 +98,8 @@ def image_patches(rgb: np.ndarray, s: ImageSettings) -> tuple[np.ndarray, tuple[
 
     height, width = target_size(rgb.shape[0], rgb.shape[1], s)
     resized = np.asarray(Image.fromarray(rgb).resize((width, height), Image.Resampling.BICUBIC))
-    pixels = resized.astype(np.float64) * (1 / 255)  # as the processor rescales: in float64, then float32
-    pixels = pixels.astype(np.float32).transpose(2, 0, 1)  # [3, H, W]
+    scaled = resized.astype(np.float64) * (1 / 255)  # as the processor rescales: in float64, then float32
+    pixels = scaled.astype(np.float32).transpose(2, 0, 1)  # [3, H, W]
     mean = np.asarray(s.mean, dtype=np.float32).reshape(3, 1, 1)
     std = np.asarray(s.std, dtype=np.float32).reshape(3, 1, 1)
     pixels = (pixels - mean) / std
