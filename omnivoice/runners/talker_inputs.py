@@ -111,5 +111,7 @@ def user_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 def multimodal_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    # prompts carry audio only (images and video are not accepted), so audio placeholders are all
-    return ids == spec.audio_pad_id
+    """Audio and image placeholders (prompts carry no video): the talker reads their thinker hidden
+    states, as transformers' generate() does."""
+    mm = ids == spec.audio_pad_id
+    return mm if spec.image_pad_id is None else mm | (ids == spec.image_pad_id)
