@@ -131,10 +131,10 @@ class DecoderStack:
                 layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask, (slot_idx, start_idx)
             )
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if i + 1 in keep:  # as transformers records a layer's output: before the deepstack
+                kept[i + 1] = h
             if deepstack is not None and i < len(deepstack):
                 h = h + deepstack[i]
-            if i + 1 in keep:
-                kept[i + 1] = h
         for slot, start, n in zip(slots, starts, lengths, strict=True):
             cache.lengths[slot] = start + n
         return self.norm(h), kept
