@@ -326,6 +326,9 @@ class ServerConfig(_Strict):
         25 * 1024 * 1024, ge=1024, description="request bodies larger than this get 413 (chunked ones too)"
     )
     max_audio_seconds: float = Field(120.0, gt=0, description="longest input audio per content part")
+    max_image_pixels: int = Field(
+        4096 * 4096, ge=1, description="largest input image (width x height) per content part; larger get 400"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     send_timeout_s: float = Field(
         10.0,

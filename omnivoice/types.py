@@ -36,6 +36,13 @@ class AudioPart:
 
 
 @dataclass(frozen=True)
+class ImagePart:
+    """A decoded image: RGB pixels [H, W, 3] uint8; the prompt builder resizes and patches it."""
+
+    rgb: np.ndarray
+
+
+@dataclass(frozen=True)
 class FunctionSpec:
     """A function the model may call: its name, what it does, and a JSON schema of its arguments.
 
@@ -81,7 +88,7 @@ class ChatMessage:
     """
 
     role: Literal["system", "user", "assistant", "tool"]
-    parts: tuple[TextPart | AudioPart, ...]
+    parts: tuple[TextPart | AudioPart | ImagePart, ...]
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
 
@@ -116,11 +123,16 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Prompt:
-    """A tokenized prompt: thinker token ids and one log-mel feature matrix per audio placeholder run."""
+    """A tokenized prompt: thinker token ids, one log-mel feature matrix per audio placeholder run and
+    the vision patches of each image placeholder run."""
 
     input_ids: tuple[int, ...]
     # each [n_mels, frames] float32, in the order the audio placeholder runs appear in input_ids
     audio_features: tuple[np.ndarray, ...] = ()
+    # each [patches, 3 * temporal_patch * patch * patch] float32, in the order of the image runs
+    image_patches: tuple[np.ndarray, ...] = ()
+    # each image's patch grid (t, h, w): its run holds t * h * w / merge_size**2 placeholders
+    image_grids: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

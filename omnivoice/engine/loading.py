@@ -14,7 +14,7 @@ from typing import Any
 from omnivoice.config import Profile
 from omnivoice.models.dummy import DummySource, dummy_spec, parse_source
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
-from omnivoice.models.loader import ModelSpec, load_processor_parts
+from omnivoice.models.loader import ModelSpec, load_image_settings, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 from omnivoice.types import TALKER_PROMPT_EXTRA, ModelInfo
 
@@ -53,11 +53,15 @@ def load_served_model(profile: Profile, source: Path | DummySource | None = None
     if isinstance(path, DummySource):  # random weights; a tokenizer of the real vocabulary's layout
         spec = dummy_spec(path)
         tokenizer, feature_extractor = load_dummy_processor_parts(profile.model.cache_dir)
+        images = None
     else:
         tokenizer, feature_extractor = load_processor_parts(path)
         spec = ModelSpec.from_pretrained(path)
+        images = load_image_settings(path)
     max_audio = profile.server.max_audio_seconds
-    builder = PromptBuilder(tokenizer, feature_extractor, spec, max_audio_seconds=max_audio)
+    builder = PromptBuilder(
+        tokenizer, feature_extractor, spec, max_audio_seconds=max_audio, image_settings=images
+    )
     return ServedModel(path, spec, tokenizer, builder)
 
 

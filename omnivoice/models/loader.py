@@ -23,6 +23,8 @@ from transformers import (
 )
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
+from omnivoice.models.image_processor import ImageSettings
+
 # Code2Wav writes 24 kHz audio and the audio encoder reads 16 kHz log-mels; neither rate is recorded in
 # config.json (the input rate is in preprocessor_config.json, which PromptBuilder checks against this).
 OUTPUT_SAMPLE_RATE = 24000
@@ -84,6 +86,10 @@ class ModelSpec:
     # `<tool_call>`, the token that opens a function call: in a request that offers functions the
     # talker gets no text from it on (None: the vocabulary has no such token)
     tool_call_id: int | None = None
+    # images: `<|image_pad|>` and the ids around its run (None: the checkpoint has no vision tower)
+    image_pad_id: int | None = None
+    vision_start_id: int | None = None
+    vision_end_id: int | None = None
 
     @classmethod
     def from_config(
@@ -130,6 +136,9 @@ class ModelSpec:
             n_window_infer=thinker.audio_config.n_window_infer,
             num_mel_bins=thinker.audio_config.num_mel_bins,
             tool_call_id=tool_call_id,
+            image_pad_id=getattr(thinker, "image_token_id", None),
+            vision_start_id=getattr(thinker, "vision_start_token_id", None),
+            vision_end_id=getattr(thinker, "vision_end_token_id", None),
         )
 
     @classmethod
@@ -218,6 +227,13 @@ def load_model(path: Path | str, device: str = "cpu", dtype: torch.dtype = torch
     model.eval().requires_grad_(False)
     spec = ModelSpec.from_pretrained(path)
     return LoadedModel(model=model, spec=spec, path=path, device=torch.device(device), dtype=dtype)
+
+
+def load_image_settings(path: Path | str) -> ImageSettings:
+    """How the checkpoint's image processor turns images into its vision tower's patches."""
+    path = _checkpoint_dir(path)
+    config = Qwen3OmniMoeConfig.from_pretrained(path, local_files_only=True)
+    return ImageSettings.from_checkpoint(path, _sub_config(config, "thinker_config").vision_config)
 
 
 def load_processor_parts(path: Path | str) -> tuple[PreTrainedTokenizerBase, WhisperFeatureExtractor]:

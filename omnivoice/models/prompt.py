@@ -5,6 +5,7 @@ The layout is Qwen3-Omni's chat template (`qwen3_omni_chat_template.jinja`), as 
 
     <|im_start|>system\n{text}<|im_end|>\n
     <|im_start|>user\n<|audio_start|><|audio_pad|>*N<|audio_end|>{text}<|im_end|>\n
+    <|im_start|>user\n<|vision_start|><|image_pad|>*M<|vision_end|>{text}<|im_end|>\n
     <|im_start|>assistant\n{text}<|im_end|>\n
     <|im_start|>assistant\n                       <- generation prompt
 
@@ -12,7 +13,7 @@ With functions offered, the first system turn ends with a "# Tools" section list
 object per line inside <tools></tools>); an assistant turn's calls follow its text as
 `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, and consecutive `tool` turns share one
 user turn, each result inside <tool_response></tool_response>. A message's content counts as the
-template's plain string when it holds no audio (a multimodal list otherwise), which decides the
+template's plain string when it holds no audio nor image (a multimodal list otherwise), which decides the
 template's "last query" and so where an earlier assistant turn gets an empty <think></think> block.
 
 Each run of text between control tokens is encoded on its own, which is exactly what the tokenizer does
@@ -32,8 +33,9 @@ import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
 from omnivoice.audio.log_mel import LogMel
+from omnivoice.models.image_processor import ImageError, ImageSettings, image_patches, image_token_count
 from omnivoice.models.loader import ModelSpec
-from omnivoice.types import AudioPart, ChatMessage, FunctionSpec, Prompt, TextPart
+from omnivoice.types import AudioPart, ChatMessage, FunctionSpec, ImagePart, Prompt, TextPart
 
 ROLES = ("system", "user", "assistant", "tool")
 TOOLS_HEAD = (
@@ -68,7 +70,9 @@ class PromptBuilder:
         feature_extractor: WhisperFeatureExtractor,
         spec: ModelSpec,
         max_audio_seconds: float = 300.0,
+        image_settings: ImageSettings | None = None,
     ) -> None:
+        """`image_settings`: how images become vision patches (None: images are refused)."""
         if feature_extractor.sampling_rate != spec.input_sample_rate:
             raise ValueError(
                 f"feature extractor runs at {feature_extractor.sampling_rate} Hz, "
@@ -83,6 +87,7 @@ class PromptBuilder:
         self.log_mel = LogMel.of(feature_extractor)  # the clips' features (sessions extract with it too)
         self._spec = spec
         self._max_audio_seconds = max_audio_seconds
+        self._image_settings = image_settings if spec.image_pad_id is not None else None
         self._role_ids = {"system": spec.system_id, "user": spec.user_id, "assistant": spec.assistant_id}
         # The most characters of text one token stands for. Byte-level BPE spells each byte of a token
         # as one character, and a character is at least a byte, so no token covers more characters than
@@ -109,6 +114,7 @@ class PromptBuilder:
             self._check_message(index, message)
         pieces: list[str | int] = []  # text to encode, or an already-known token id
         features: list[np.ndarray] = []
+        images: list[tuple[np.ndarray, tuple[int, int, int]]] = []
         if tools:
             pieces += [self._spec.im_start_id, self._spec.system_id, "\n"]
             if messages[0].role == "system":
@@ -126,23 +132,53 @@ class PromptBuilder:
                 pieces += self._tool(messages, index)
             else:
                 pieces += [self._spec.im_start_id, self._role_ids[message.role], "\n"]
-                pieces += self._content(index, message, features)
+                pieces += self._content(index, message, features, images)
                 pieces += [self._spec.im_end_id, "\n"]
         pieces += [self._spec.im_start_id, self._spec.assistant_id, "\n"]
-        return Prompt(input_ids=tuple(self._encode(pieces)), audio_features=tuple(features))
+        return Prompt(
+            input_ids=tuple(self._encode(pieces)),
+            audio_features=tuple(features),
+            image_patches=tuple(p for p, _ in images),
+            image_grids=tuple(g for _, g in images),
+        )
 
-    def _content(self, index: int, message: ChatMessage, features: list[np.ndarray]) -> list[str | int]:
-        """A message's parts in order: text, and each audio's placeholder run (its features appended)."""
+    def _content(
+        self,
+        index: int,
+        message: ChatMessage,
+        features: list[np.ndarray],
+        images: list[tuple[np.ndarray, tuple[int, int, int]]],
+    ) -> list[str | int]:
+        """A message's parts in order: text, and each audio's or image's placeholder run (its features
+        or patches appended)."""
         pieces: list[str | int] = []
         for part in message.parts:
             if isinstance(part, TextPart):
                 pieces.append(part.text)
+                continue
+            if isinstance(part, ImagePart):
+                pieces += self._image(index, part, images)
                 continue
             mel = self._log_mel(index, part) if part.features is None else self._given(index, part)
             features.append(mel)
             count = self._spec.audio_token_count(mel.shape[1])
             pieces += [self._spec.audio_start_id, *[self._spec.audio_pad_id] * count, self._spec.audio_end_id]
         return pieces
+
+    def _image(
+        self, index: int, part: ImagePart, images: list[tuple[np.ndarray, tuple[int, int, int]]]
+    ) -> list[str | int]:
+        settings, spec = self._image_settings, self._spec
+        if settings is None or spec.image_pad_id is None or spec.vision_start_id is None:
+            raise PromptError(f"message {index}: the served model takes no images")
+        assert spec.vision_end_id is not None
+        try:
+            patches, grid = image_patches(part.rgb, settings)
+        except ImageError as e:
+            raise PromptError(f"message {index}: {e}") from None
+        images.append((patches, grid))
+        count = image_token_count(grid, settings)
+        return [spec.vision_start_id, *[spec.image_pad_id] * count, spec.vision_end_id]
 
     def _assistant(self, message: ChatMessage, think: bool, last: bool) -> list[str | int]:
         """An assistant turn as the template writes it: a reasoning block only after the last query
@@ -180,10 +216,11 @@ class PromptBuilder:
         if message.tool_calls and message.role != "assistant":
             raise PromptError(f"message {index}: only assistant messages make tool calls")
         for part in message.parts:
-            if isinstance(part, AudioPart):
+            if isinstance(part, AudioPart | ImagePart):
                 if message.role != "user":
                     # Assistant turns are replayed as their text transcript; system turns are text only.
-                    raise PromptError(f"message {index}: audio is only accepted in user messages")
+                    kind = "audio is" if isinstance(part, AudioPart) else "images are"
+                    raise PromptError(f"message {index}: {kind} only accepted in user messages")
             elif not isinstance(part, TextPart):
                 raise PromptError(f"message {index}: unsupported content part {type(part).__name__}")
             elif not _is_unicode(part.text):  # JSON's "\ud800" decodes to one; the tokenizer raises on it
@@ -271,11 +308,11 @@ def _tool_json(tool: FunctionSpec) -> str:
 
 
 def _last_query(messages: Sequence[ChatMessage]) -> int:
-    """The template's last query: the last user turn of plain-string content (no audio) that is not a
-    wrapped tool response; the last message's index when there is none."""
+    """The template's last query: the last user turn of plain-string content (no audio nor image) that
+    is not a wrapped tool response; the last message's index when there is none."""
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
-        if message.role != "user" or any(isinstance(p, AudioPart) for p in message.parts):
+        if message.role != "user" or any(isinstance(p, AudioPart | ImagePart) for p in message.parts):
             continue
         text = _text(message)
         if not (text.startswith("<tool_response>") and text.endswith("</tool_response>")):

@@ -91,11 +91,16 @@ class DecoderStack:
         starts: list[int],
         keep: Iterable[int] = (),
         lengths: list[int] | None = None,
+        rope: torch.Tensor | None = None,
+        deepstack: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """h: [B, T, H] inputs at positions starts[b]..starts[b]+T of each row's slot.
 
         `lengths[b]` <= T is how many of row b's inputs are real (a batch of prompts padded on the
         right); the padding's outputs are garbage and its cache entries are never attended to.
+        `rope` [3, B, T]: the inputs' rotary positions when they are not their cache positions (a
+        prompt with images); `deepstack[i]` [B, T, H] is added to layer i's output (the vision
+        tower's features of its layers on image placeholders, zero elsewhere).
         Returns the final-normed hidden [B, T, H] and the hidden states named in `keep`
         (0 = inputs, k = output of layer k, transformers' `hidden_states[k]`). Advances the slots.
         """
@@ -105,7 +110,7 @@ class DecoderStack:
         slot_idx = to_device(slots, device)
         start_t = start_idx.unsqueeze(1)  # [B, 1]
         positions = start_t + torch.arange(t, device=device).unsqueeze(0)  # [B, T]
-        cos, sin = self._rope(h, positions)
+        cos, sin = self.rotary(h, rope) if rope is not None else self._rope(h, positions)
         length = max(starts) + t
         lengths = lengths or [t] * b
         mask = None
@@ -126,8 +131,10 @@ class DecoderStack:
                 layer.self_attn, i, x, cos, sin, cache, slots, starts, length, mask, (slot_idx, start_idx)
             )
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-            if i + 1 in keep:
+            if i + 1 in keep:  # as transformers records a layer's output: before the deepstack
                 kept[i + 1] = h
+            if deepstack is not None and i < len(deepstack):
+                h = h + deepstack[i]
         for slot, start, n in zip(slots, starts, lengths, strict=True):
             cache.lengths[slot] = start + n
         return self.norm(h), kept
@@ -205,7 +212,8 @@ class DecoderStack:
         b, t, _ = h.shape
         device = h.device
         positions = start_idx.unsqueeze(1) + torch.arange(t, device=device).unsqueeze(0)  # [B, T]
-        cos, sin = self._rope(h, positions)
+        # rotary positions: shifted per slot past a prompt's images (a device gather: graph-safe)
+        cos, sin = self._rope(h, positions + cache.rope_delta[slot_idx].unsqueeze(1))
         keys = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len)
         mask = keys <= positions.view(b, 1, t, 1)  # [B, 1, T, K]
         kept: dict[int, torch.Tensor] = {}

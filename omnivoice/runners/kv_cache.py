@@ -28,6 +28,9 @@ class SlotKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
+        # per slot: its rotary position minus its cache position for what follows the prompt (an
+        # image's placeholders take fewer rotary positions than cache positions); 0 without images
+        self.rope_delta = torch.zeros(num_slots + 1, dtype=torch.long, device=device)
         self.lengths = [0] * num_slots
         self.scratch = num_slots
         self._free = list(range(num_slots - 1, -1, -1))

@@ -6,7 +6,8 @@ slot, keyed by the session, so the next turn prefills only the new positions. A 
 the cache with the start of a turn while the user is still speaking (early start).
 
 Positions are compared by content: a token id, or for an audio placeholder the digest of that audio's
-features and the index inside it, so two different clips never share cached positions.
+features and the index inside it, likewise for an image placeholder with its patches, so two
+different clips or images never share cached positions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from omnivoice.types import Prompt
@@ -29,21 +31,31 @@ class PrefixEntry:
     hidden: torch.Tensor  # [L, H] hidden state of the talker's accept layer
 
 
-def position_keys(prompt: Prompt, audio_pad_id: int) -> list[Hashable]:
-    digests = [hashlib.blake2b(f.tobytes(), digest_size=12).hexdigest() for f in prompt.audio_features]
+def position_keys(prompt: Prompt, audio_pad_id: int, image_pad_id: int | None = None) -> list[Hashable]:
+    digest = {
+        audio_pad_id: ("audio", [_digest(f) for f in prompt.audio_features]),
+        image_pad_id: ("image", [_digest(p) for p in prompt.image_patches]),
+    }
+    runs = {audio_pad_id: -1, image_pad_id: -1}
     keys: list[Hashable] = []
-    run, index = -1, 0
+    index = 0
     previous = None
     for tok in prompt.input_ids:
-        if tok == audio_pad_id:
-            if previous != audio_pad_id:
-                run, index = run + 1, 0
-            keys.append(("audio", digests[run] if run < len(digests) else None, index))
+        if tok in digest:
+            kind, digests = digest[tok]
+            if previous != tok:
+                runs[tok], index = runs[tok] + 1, 0
+            run = runs[tok]
+            keys.append((kind, digests[run] if run < len(digests) else None, index))
             index += 1
         else:
             keys.append(tok)
         previous = tok
     return keys
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.blake2b(a.tobytes(), digest_size=12).hexdigest()
 
 
 def common_prefix(a: list[Hashable], b: list[Hashable]) -> int:

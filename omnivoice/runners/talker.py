@@ -55,6 +55,9 @@ class _Seq:
     frames: int = 0  # frames handed on
     playback: Playback = field(default_factory=Playback)  # its frames: those handed on
     residual_rng: torch.Generator | None = None  # the code predictor's draws
+    # a prompt with images: the rotary positions of the talker's prompt [3, >= P] and the shift after it
+    rope: torch.Tensor | None = None
+    rope_delta: int = 0
 
     def ready(self) -> bool:
         if self.slot < 0:
@@ -208,7 +211,12 @@ class TalkerRunner:
 
     def _new_seq(self, msg: ThinkerChunk, request: GenerationRequest) -> _Seq:
         user_part, role_embeds = self.talker_inputs.user_part(msg)
-        return _Seq(request=request, user_part=user_part, role_embeds=role_embeds)
+        seq = _Seq(request=request, user_part=user_part, role_embeds=role_embeds)
+        if request.prompt.image_grids:
+            seq.rope, seq.rope_delta = self.talker_inputs.rope(
+                request.prompt.input_ids, request.prompt.image_grids
+            )
+        return seq
 
     def _inputs(self, seq: _Seq) -> torch.Tensor:
         """The talker's prompt for a request [P, Ht]; ValueError if it leaves no room for a frame."""
@@ -252,7 +260,13 @@ class TalkerRunner:
         starting = [seq for seq, _ in ready]
         slots = [s.slot for s in starting]
         self.sampler.reset(slots, params, [()] * len(slots))
-        h, _ = self.stack.prefill(inputs, self.cache, slots, [0] * len(ready), lengths=lengths)
+        for seq in starting:
+            self.cache.rope_delta[seq.slot] = seq.rope_delta
+        if any(seq.rope is not None for seq in starting):
+            rope = _rope_rows(starting, lengths, longest).to(inputs.device)
+            h, _ = self.stack.forward(inputs, self.cache, slots, [0] * len(ready), (), lengths, rope)
+        else:
+            h, _ = self.stack.prefill(inputs, self.cache, slots, [0] * len(ready), lengths=lengths)
         last = h[torch.arange(len(ready), device=h.device), to_device(lengths, h.device) - 1]
         slot_idx = to_device(slots, self.device)
         (tokens,) = self._head_sample(last, slot_idx, self.sampler.draws(slots, len(slots)))
@@ -400,3 +414,13 @@ def codec_token_sampling(frames: Sampling) -> Sampling:
     max_tokens = frames.max_tokens + 1
     min_tokens = max_tokens if frames.min_tokens >= frames.max_tokens else frames.min_tokens
     return replace(frames, max_tokens=max_tokens, min_tokens=min_tokens)
+
+
+def _rope_rows(seqs: list[_Seq], lengths: list[int], t: int) -> torch.Tensor:
+    """A prefill batch's rotary positions [3, B, t]: a prompt without images at its cache positions;
+    the padding repeats its row's last."""
+    rows = []
+    for seq, n in zip(seqs, lengths, strict=True):
+        rope = seq.rope[:, :n] if seq.rope is not None else torch.arange(n).expand(3, -1)
+        rows.append(torch.cat([rope, rope[:, -1:].expand(3, t - n)], dim=1))
+    return torch.stack(rows, dim=1)

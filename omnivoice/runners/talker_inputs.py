@@ -17,6 +17,8 @@ import torch
 
 from omnivoice.messages import ThinkerChunk
 from omnivoice.runners.transfer import to_device
+from omnivoice.runners.vision_encoder import rope_positions
+from omnivoice.types import TALKER_PROMPT_EXTRA, Prompt
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -58,6 +60,23 @@ class TalkerInputs:
             part[to_device(in_user[text_rows], self.device)] = self.model.text_projection(embeds)
         role = self._rows(msg.prompt_embeds, torch.arange(len(ids) - 3, len(ids)))
         return part, role
+
+    def rope(
+        self, prompt_ids: tuple[int, ...], grids: tuple[tuple[int, int, int], ...]
+    ) -> tuple[torch.Tensor, int]:
+        """The rotary positions of the talker's prompt for a thinker prompt with images (at least its P
+        positions: [3, >= P]), and the shift of what follows it: its user turns hold every image (only
+        users send them), the assistant start after them is text, so the shift is the same for any
+        number of positions after the last image."""
+        assert self.spec.image_pad_id is not None
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long)
+        user_ids = tuple(ids[user_positions(ids, self.spec)].tolist())
+        talker_ids = user_ids + (self.spec.tts_pad_id,) * TALKER_PROMPT_EXTRA
+        merge = self.model.config.spatial_merge_size
+        positions, delta = rope_positions(
+            Prompt(talker_ids, image_grids=grids), self.spec.image_pad_id, merge
+        )
+        return torch.from_numpy(positions), delta
 
     def prompt(
         self, user_part: torch.Tensor, role_embeds: torch.Tensor, first_text: torch.Tensor, voice: str
@@ -111,5 +130,7 @@ def user_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
 
 
 def multimodal_positions(ids: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
-    # prompts carry audio only (images and video are not accepted), so audio placeholders are all
-    return ids == spec.audio_pad_id
+    """Audio and image placeholders (prompts carry no video): the talker reads their thinker hidden
+    states, as transformers' generate() does."""
+    mm = ids == spec.audio_pad_id
+    return mm if spec.image_pad_id is None else mm | (ids == spec.image_pad_id)

@@ -38,6 +38,7 @@ from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_audio import ThinkerAudio
 from omnivoice.runners.thinker_inputs import check_audio, embed_prompt, needed_clips
 from omnivoice.runners.transfer import ReadBack, to_device
+from omnivoice.runners.vision_encoder import ImageInputs, image_inputs
 from omnivoice.types import GenerationRequest, Sampling, StageStats
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ class _Pending:
     entry: PrefixEntry | None
     keys: list
     embeds: torch.Tensor  # [1, n - reuse, H]
+    images: ImageInputs | None = None  # a prompt with images: its rotary positions and deepstack
+    rope_delta: int = 0
 
 
 @dataclass
@@ -280,7 +283,11 @@ class ThinkerRunner:
         (at least one position is computed, for the first token's logits)."""
         if not req.cache_key:
             return [], None, 0
-        keys = position_keys(req.prompt, self.spec.audio_pad_id) if keys is None else keys
+        keys = (
+            position_keys(req.prompt, self.spec.audio_pad_id, self.spec.image_pad_id)
+            if keys is None
+            else keys
+        )
         entry, reuse = self.prefix.match(req.cache_key, keys)
         return keys, entry, min(reuse, len(req.prompt.input_ids) - 1)
 
@@ -298,7 +305,13 @@ class ThinkerRunner:
             self.audio.encode_now(req.request_id)
         audio = self.audio.take(req.request_id)
         embeds = embed_prompt(self.model, self.spec.audio_pad_id, req.prompt, reuse, self.device, audio)
-        return _Pending(req, slot, reuse, entry if reuse > 0 else None, keys, embeds)
+        images, delta = None, 0
+        if req.prompt.image_grids:
+            if self.spec.image_pad_id is None:
+                raise ValueError("the served model takes no images")
+            merge = self.model.config.vision_config.spatial_merge_size
+            images, delta = image_inputs(self.model, req.prompt, self.spec.image_pad_id, merge, embeds, reuse)
+        return _Pending(req, slot, reuse, entry if reuse > 0 else None, keys, embeds, images, delta)
 
     def _prefill(self, batch: list[_Pending]) -> list[Any]:
         accept = self.spec.accept_hidden_layer
@@ -309,14 +322,18 @@ class ThinkerRunner:
         embeds = torch.cat(
             [torch.nn.functional.pad(p.embeds, (0, 0, 0, longest - p.embeds.shape[1])) for p in batch]
         )  # [B, T, H], right-padded
-        h, kept = self.stack.prefill(
-            embeds,
-            self.cache,
-            [p.slot for p in batch],
-            [p.reuse for p in batch],
-            keep=(0, accept),
-            lengths=lengths,
-        )
+        slot_ids, starts = [p.slot for p in batch], [p.reuse for p in batch]
+        for p in batch:
+            self.cache.rope_delta[p.slot] = p.rope_delta
+        if any(p.images is not None for p in batch):
+            rope, deepstack = _image_rows(batch, longest)
+            h, kept = self.stack.forward(
+                embeds, self.cache, slot_ids, starts, (0, accept), lengths, rope.to(embeds.device), deepstack
+            )
+        else:
+            h, kept = self.stack.prefill(
+                embeds, self.cache, slot_ids, starts, keep=(0, accept), lengths=lengths
+            )
         outs: list[Any] = []
         seqs: list[_Seq] = []
         prompts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -482,6 +499,23 @@ def _waiting_playback(req: GenerationRequest) -> Playback:
     """A request waiting for its prefill: FIRST, but a prefill-only one (a session's early start,
     which no one is waiting on yet) is NORMAL."""
     return Playback(started_at=0.0, stream=False) if req.prefill_only else Playback(stream=req.want_audio)
+
+
+def _image_rows(batch: list[_Pending], t: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A prefill batch's rotary positions [3, B, t] and deepstack inputs (each [B, t, H]): a row
+    without images at its cache positions with no deepstack; the padding repeats its row's last."""
+    rows, stacks = [], []
+    layers = max(len(p.images.deepstack) for p in batch if p.images is not None)
+    for p in batch:
+        n, hidden = p.embeds.shape[1], p.embeds.shape[2]
+        if p.images is None:
+            rope = (p.reuse + torch.arange(n)).expand(3, -1)
+            deepstack = [p.embeds.new_zeros(n, hidden)] * layers
+        else:
+            rope, deepstack = p.images.rope.cpu(), p.images.deepstack
+        rows.append(torch.cat([rope, rope[:, -1:].expand(3, t - n)], dim=1))
+        stacks.append([torch.nn.functional.pad(d, (0, 0, 0, t - n)) for d in deepstack])
+    return torch.stack(rows, dim=1), [torch.stack(layer) for layer in zip(*stacks, strict=True)]
 
 
 def _with_max(s: Any, max_tokens: int) -> Any:

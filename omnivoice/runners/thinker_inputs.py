@@ -1,5 +1,5 @@
 """The thinker's input embeddings for (part of) a prompt: token embeddings with the audio encoder's
-output placed on each audio placeholder run."""
+output placed on each audio placeholder run (images: runners/vision_encoder.py)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,13 @@ from typing import Any
 
 import torch
 
+from omnivoice.runners.vision_encoder import placeholder_runs
 from omnivoice.types import Prompt
 
 
 def audio_spans(ids: tuple[int, ...], audio_pad_id: int) -> list[tuple[int, int]]:
     """[start, end) of each run of audio placeholders, in order."""
-    spans: list[tuple[int, int]] = []
-    start = -1
-    for i, tok in enumerate((*ids, -1)):
-        if tok == audio_pad_id and start < 0:
-            start = i
-        elif tok != audio_pad_id and start >= 0:
-            spans.append((start, i))
-            start = -1
-    return spans
+    return placeholder_runs(ids, audio_pad_id)
 
 
 def check_audio(prompt: Prompt, audio_pad_id: int, n_mels: int, tokens: Callable[[int], int]) -> None:

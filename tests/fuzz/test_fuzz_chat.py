@@ -44,7 +44,7 @@ def _engine_can_run(req: object, messages: tuple) -> None:
 def test_a_body_is_a_request_or_a_400(body: object) -> None:
     try:
         req = parse_chat_request(body)  # type: ignore[arg-type]
-        messages = to_engine_messages(req, MAX_AUDIO_SECONDS)
+        messages = to_engine_messages(req, MAX_AUDIO_SECONDS, 4096 * 4096)
     except APIError as e:
         assert 400 <= e.status < 500 and e.message
         assert set(e.body()["error"]) == {"message", "type", "param", "code"}

@@ -57,6 +57,9 @@ def reference_generate(
         features, mask = audio
         inputs["input_features"] = features.to(model.device, model.dtype)
         inputs["feature_attention_mask"] = mask.to(model.device)  # generate() also derives audio lengths
+    if prompt.image_patches:  # as the image processor hands them over: all patches, one grid per image
+        inputs["pixel_values"] = torch.from_numpy(np.concatenate(prompt.image_patches)).to(model.device)
+        inputs["image_grid_thw"] = torch.tensor(prompt.image_grids, dtype=torch.long, device=model.device)
     codes: list[torch.Tensor] = []
 
     def collect(_module: torch.nn.Module, _args: object, output: Any) -> None:  # the talker's ModelOutput

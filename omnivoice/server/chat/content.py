@@ -1,5 +1,6 @@
-"""The content parts of a chat message (text, and audio as `input_audio` or a WAV data URL), and their
-conversion to engine parts: audio decoded and checked against the server's length limit."""
+"""The content parts of a chat message (text, audio as `input_audio` or a WAV data URL, images as
+`image_url` data URLs), and their conversion to engine parts: audio decoded and checked against the
+server's length limit, images decoded and checked against its pixel limit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnivoice.audio import AudioDecodeError, decode_base64_audio
 from omnivoice.server.errors import bad_request
-from omnivoice.types import AudioPart, TextPart
+from omnivoice.server.image_data import ImageDecodeError, decode_image_url
+from omnivoice.types import AudioPart, ImagePart, TextPart
 
 
 class Lenient(BaseModel):
@@ -44,12 +46,29 @@ class AudioURLContent(Lenient):
     audio_url: AudioURL
 
 
-ContentPart = Annotated[TextContent | InputAudioContent | AudioURLContent, Field(discriminator="type")]
+class ImageURL(Lenient):
+    url: str  # `detail` is tolerated: the image processor decides the resolution
 
 
-def engine_part(p: ContentPart, where: str, max_audio_seconds: float) -> TextPart | AudioPart:
+class ImageURLContent(Lenient):
+    """OpenAI's `image_url` part; only base64 data URLs of PNG, JPEG or WebP (the server fetches nothing)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[
+    TextContent | InputAudioContent | AudioURLContent | ImageURLContent, Field(discriminator="type")
+]
+
+
+def engine_part(
+    p: ContentPart, where: str, max_audio_seconds: float, max_image_pixels: int
+) -> TextPart | AudioPart | ImagePart:
     if isinstance(p, TextContent):
         return TextPart(p.text)
+    if isinstance(p, ImageURLContent):
+        return image_part(p.image_url.url, f"{where}.image_url.url", max_image_pixels)
     try:
         if isinstance(p, InputAudioContent):
             pcm, rate = decode_base64_audio(p.input_audio.data, p.input_audio.format)
@@ -64,6 +83,14 @@ def engine_part(p: ContentPart, where: str, max_audio_seconds: float) -> TextPar
         message = f"{where}: audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s"
         raise bad_request(message, param=where, code="audio_too_long")
     return AudioPart(pcm=pcm, sample_rate=rate)
+
+
+def image_part(url: str, where: str, max_pixels: int) -> ImagePart:
+    """An image URL decoded to an engine part; a 400 naming `where` if it cannot be."""
+    try:
+        return ImagePart(decode_image_url(url, max_pixels))
+    except ImageDecodeError as e:
+        raise bad_request(f"{where}: {e}", param=where, code="invalid_image") from None
 
 
 def parse_audio_data_url(url: str) -> tuple[str, str]:

@@ -162,7 +162,7 @@ def _request_and_prompt(
             f"the messages hold {sum(map(len, texts))} characters of text, more than a prompt of "
             f"{info.max_prompt_tokens} tokens can hold"
         )
-    messages = to_engine_messages(req, profile.server.max_audio_seconds)
+    messages = to_engine_messages(req, profile.server.max_audio_seconds, profile.server.max_image_pixels)
     tools = req.offered_tools
     if tools is not None:
         try:

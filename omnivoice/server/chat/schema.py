@@ -35,7 +35,7 @@ from omnivoice.server.chat.tools import (
 from omnivoice.server.errors import APIError, bad_request
 from omnivoice.types import ChatMessage, Grammar, ToolCall, Tools
 
-_UNSUPPORTED_PARTS = {"image_url", "input_image", "image", "video_url", "video", "file", "input_file"}
+_UNSUPPORTED_PARTS = {"input_image", "image", "video_url", "video", "file", "input_file"}
 # OpenAI parameters this server does not implement, each with the values that ask for nothing.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "functions": (None, []),
@@ -74,7 +74,9 @@ class Message(Lenient):
             for part in v:
                 kind = part.get("type") if isinstance(part, dict) else None
                 if isinstance(kind, str) and kind in _UNSUPPORTED_PARTS:  # a list or dict is unhashable
-                    raise ValueError(f"{kind!r} content is not supported by this model (text and audio only)")
+                    raise ValueError(
+                        f"{kind!r} content is not supported by this model (text, audio and image_url only)"
+                    )
         elif v is not None:
             raise ValueError("must be a string or a list of content parts")
         return v
@@ -250,8 +252,10 @@ def _msg(e: Any) -> str:
     return str(e["msg"])
 
 
-def to_engine_messages(req: ChatRequest, max_audio_seconds: float) -> tuple[ChatMessage, ...]:
-    """Map OpenAI messages to engine messages, decoding audio; raises a 400 APIError."""
+def to_engine_messages(
+    req: ChatRequest, max_audio_seconds: float, max_image_pixels: int
+) -> tuple[ChatMessage, ...]:
+    """Map OpenAI messages to engine messages, decoding audio and images; raises a 400 APIError."""
     out = []
     call_ids: set[str] = set()  # of the calls made so far: a tool message answers one of them
     for i, m in enumerate(req.messages):
@@ -271,7 +275,9 @@ def to_engine_messages(req: ChatRequest, max_audio_seconds: float) -> tuple[Chat
         if m.role in ("assistant", "tool") and any(not isinstance(p, TextContent) for p in m.content or ()):
             raise bad_request(f"{where}: {m.role} content must be text", param=f"{where}.content")
         content = enumerate(m.content or ())
-        parts = tuple(engine_part(p, f"{where}.content[{j}]", max_audio_seconds) for j, p in content)
+        parts = tuple(
+            engine_part(p, f"{where}.content[{j}]", max_audio_seconds, max_image_pixels) for j, p in content
+        )
         role = ENGINE_ROLES[m.role]
         out.append(ChatMessage(role=role, parts=parts, tool_calls=calls, tool_call_id=m.tool_call_id))
     return tuple(out)

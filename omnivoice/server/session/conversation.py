@@ -1,9 +1,10 @@
 """The conversation of one session: ordered items, and the chat history they feed the thinker.
 
 User audio is kept as 16 kHz float32 PCM and replayed to the thinker as audio on every turn, with
-its log-mel features, computed once (`prompting.featurize`); assistant turns are replayed as their
-(possibly truncated) transcript. A `function_call` item is a call the model made (or the client
-added), a `function_call_output` item the result the client sends back for it.
+its log-mel features, computed once (`prompting.featurize`), a user image as its decoded pixels;
+assistant turns are replayed as their (possibly truncated) transcript. A `function_call` item is a
+call the model made (or the client added), a `function_call_output` item the result the client
+sends back for it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from omnivoice.audio.log_mel import LogMelStream
 from omnivoice.server.session.ledger import AudioLedger
-from omnivoice.types import AudioPart, ChatMessage, TextPart, ToolCall
+from omnivoice.types import AudioPart, ChatMessage, ImagePart, TextPart, ToolCall
 
 INPUT_RATE = 16000  # the thinker's audio encoder rate; user audio is stored at it
 
@@ -28,16 +29,21 @@ def new_id(prefix: str) -> str:
 
 @dataclass
 class Content:
-    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
     text: str | None = None
     audio: np.ndarray | None = None  # input_audio: 16 kHz float32
     transcript: str | None = None
     features: np.ndarray | None = None  # input_audio: its log-mel features, once computed
     stream: LogMelStream | None = None  # input_audio spoken: its features computed while it was spoken
+    image: np.ndarray | None = None  # input_image: RGB [H, W, 3] uint8
+    image_url: str | None = None  # input_image: the data URL as sent (shown by item.retrieve only)
+    detail: str | None = None
 
     def wire(self) -> dict[str, Any]:
         if self.type in ("input_text", "output_text"):
             return {"type": self.type, "text": self.text or ""}
+        if self.type == "input_image":  # the image's data is left out of item events: it can be large
+            return {"type": self.type, "detail": self.detail or "auto"}
         return {"type": self.type, "transcript": self.transcript}
 
 
@@ -72,9 +78,11 @@ class Item:
         if self.type == "function_call":
             call = ToolCall(self.call_id or "", self.name or "", self.arguments)
             return ChatMessage("assistant", (), tool_calls=(call,))
-        parts: list[TextPart | AudioPart] = []
+        parts: list[TextPart | AudioPart | ImagePart] = []
         for c in self.content:
-            if c.type == "input_audio" and c.audio is not None and c.audio.size:
+            if c.type == "input_image" and c.image is not None:
+                parts.append(ImagePart(c.image))
+            elif c.type == "input_audio" and c.audio is not None and c.audio.size:
                 parts.append(AudioPart(c.audio, INPUT_RATE, c.features))
             elif c.type == "input_audio" and c.transcript:
                 parts.append(TextPart(c.transcript))

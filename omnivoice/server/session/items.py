@@ -18,6 +18,7 @@ import soxr
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.wav import AudioDecodeError
+from omnivoice.server.image_data import ImageDecodeError, decode_image_url
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
 from omnivoice.server.session.outbox import Outbox
@@ -27,7 +28,7 @@ from omnivoice.types import ModelInfo, text_exceeds
 # an item's audio: the features' first frame (10 ms apart) reads 200 samples either side of its centre
 MIN_AUDIO_MS = 13
 MIN_AUDIO_SAMPLES = INPUT_RATE * MIN_AUDIO_MS // 1000
-_USER_TYPES = {"input_text", "input_audio"}
+_USER_TYPES = {"input_text", "input_audio", "input_image"}
 _ASSISTANT_TYPES = {
     "output_text": "output_text",
     "text": "output_text",
@@ -53,13 +54,15 @@ async def create(
     info: ModelInfo,
     input_format: AudioFormat,
     max_audio_s: float,
+    max_image_pixels: int,
 ) -> None:
-    """Add the client's item; its audio is in `input_format`, at most `max_audio_s` long."""
+    """Add the client's item; its audio is in `input_format`, at most `max_audio_s` long, its images
+    of at most `max_image_pixels`."""
     it = e.item
     if it.type != "message":
         item = function_item(e, conversation, info)
     else:
-        item = await _message(e, info, input_format, max_audio_s)
+        item = await _message(e, info, input_format, max_audio_s, max_image_pixels)
     try:
         prev = conversation.insert(item, e.previous_item_id)
     except KeyError:
@@ -77,7 +80,9 @@ async def create(
     outbox.put({"type": "conversation.item.done", "previous_item_id": prev, "item": item.wire()})
 
 
-async def _message(e: p.ItemCreate, info: ModelInfo, input_format: AudioFormat, max_audio_s: float) -> Item:
+async def _message(
+    e: p.ItemCreate, info: ModelInfo, input_format: AudioFormat, max_audio_s: float, max_image_pixels: int
+) -> Item:
     it = e.item
     if it.role is None:
         raise p.ProtocolError(
@@ -91,7 +96,9 @@ async def _message(e: p.ItemCreate, info: ModelInfo, input_format: AudioFormat, 
     if text_exceeds(texts, info.max_prompt_chars):  # it could never be in a prompt
         raise p.too_long("item.content", sum(map(len, texts)), info, e.event_id)
     content = [
-        await _content(it.role, c, input_format, max_audio_s, f"item.content[{n}]", e.event_id)
+        await _content(
+            it.role, c, (input_format, max_audio_s, max_image_pixels), f"item.content[{n}]", e.event_id
+        )
         for n, c in enumerate(it.content)
     ]
     return Item(it.id or new_id("item"), it.role, content)
@@ -144,8 +151,11 @@ def _json_object(text: str) -> bool:
 
 
 async def _content(
-    role: str, c: p.ContentParam, fmt: AudioFormat, max_s: float, param: str, event_id: str | None
+    role: str, c: p.ContentParam, limits: tuple[AudioFormat, float, int], param: str, event_id: str | None
 ) -> Content:
+    """One part of a message item; `limits`: the input audio format, the longest audio (seconds) and
+    the largest image (pixels)."""
+    fmt, max_s, max_pixels = limits
     allowed = _USER_TYPES if role == "user" else {"input_text"} if role == "system" else set(_ASSISTANT_TYPES)
     if c.type not in allowed:
         raise p.ProtocolError(
@@ -175,10 +185,27 @@ async def _content(
         if c.audio:  # decoding and resampling are CPU work in proportion to the audio: off the loop
             audio = await asyncio.to_thread(_decode_audio, fmt, max_s, c.audio, f"{param}.audio", event_id)
         return Content("input_audio", audio=audio, transcript=c.transcript)
+    if c.type == "input_image":
+        return await _image(c, max_pixels, param, event_id)
     kind = _ASSISTANT_TYPES[c.type]
     if kind == "output_text":
         return Content("output_text", text=c.text or "")
     return Content("output_audio", transcript=c.transcript or c.text or "")
+
+
+async def _image(c: p.ContentParam, max_pixels: int, param: str, event_id: str | None) -> Content:
+    if c.image_url is None:
+        raise p.ProtocolError(
+            f"Missing required parameter: '{param}.image_url'.",
+            "missing_required_parameter",
+            f"{param}.image_url",
+            event_id,
+        )
+    try:  # decoding is CPU work in proportion to the image: off the loop
+        pixels = await asyncio.to_thread(decode_image_url, c.image_url, max_pixels)
+    except ImageDecodeError as err:
+        raise p.ProtocolError(str(err), "invalid_value", f"{param}.image_url", event_id) from None
+    return Content("input_image", image=pixels, image_url=c.image_url, detail=c.detail)
 
 
 def _decode_audio(
@@ -204,9 +231,12 @@ def _decode_audio(
 
 
 def retrieved(item: Item, fmt: AudioFormat) -> dict[str, Any]:
-    """The item as `conversation.item.retrieved` shows it: input audio included, in the input format."""
+    """The item as `conversation.item.retrieved` shows it: input audio included, in the input format,
+    and input images' data URLs."""
     wire = item.wire()
     for c, w in zip(item.content, wire.get("content", ()), strict=True):
+        if c.image_url is not None:
+            w["image_url"] = c.image_url
         if c.audio is not None:
             pcm = soxr.resample(c.audio, INPUT_RATE, fmt.sample_rate).astype(np.float32, copy=False)
             w["audio"] = base64.b64encode(fmt.encode(pcm)).decode("ascii")

@@ -40,10 +40,12 @@ class _Event(_Strict):
 
 
 class ContentParam(_Strict):
-    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio", "text", "audio"]
     text: str | None = None
     audio: str | None = None
     transcript: str | None = None
+    image_url: str | None = None  # input_image: a base64 data URL
+    detail: Literal["auto", "low", "high"] | None = None  # input_image: the processor decides
 
 
 class ItemParam(_Strict):

@@ -168,7 +168,8 @@ class Session:
         generating = self.response.outputs if self.response is not None else []
         if isinstance(e, p.ItemCreate):
             info, max_s = self.engine.info, self.turns.max_seconds
-            await items.create(e, conversation, self.outbox, info, fmt, max_s)
+            pixels = self.profile.server.max_image_pixels
+            await items.create(e, conversation, self.outbox, info, fmt, max_s, pixels)
         elif isinstance(e, p.ItemRetrieve):
             item = items.find(conversation, e.item_id, e.event_id)
             self.outbox.put({"type": "conversation.item.retrieved", "item": items.retrieved(item, fmt)})

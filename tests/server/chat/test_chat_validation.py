@@ -112,11 +112,20 @@ def test_a_tool_message_must_answer_an_earlier_call(client: httpx.Client) -> Non
     assert e["param"] == "messages[1].tool_call_id" and "c1" in e["message"]
 
 
-@pytest.mark.parametrize("kind", ["image_url", "input_image", "video_url", "file"])
-def test_image_and_other_parts_not_supported(client: httpx.Client, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["input_image", "video_url", "file"])
+def test_other_parts_not_supported(client: httpx.Client, kind: str) -> None:
     content = [{"type": "text", "text": "what is this"}, {"type": kind, kind: {"url": "http://x/y.png"}}]
     e = error(post(client, messages=[{"role": "user", "content": content}]), 400)
     assert "not supported" in e["message"] and e["param"] == "messages[0].content"
+
+
+def test_a_remote_image_url_is_refused(client: httpx.Client) -> None:
+    content = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+    ]
+    e = error(post(client, messages=[{"role": "user", "content": content}]), 400)
+    assert e["param"] == "messages[0].content[1].image_url.url" and "fetches no http URL" in e["message"]
 
 
 def test_unknown_part_type(client: httpx.Client) -> None:

@@ -172,7 +172,7 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
         )
     assert e.value.param == "messages[1].tool_call_id"  # a result answering no call
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    with pytest.raises(openai.BadRequestError, match="not supported"):
+    with pytest.raises(openai.BadRequestError, match="not a readable image/png image"):
         client.chat.completions.create(model="omnivoice", messages=[{"role": "user", "content": [image]}])
     with pytest.raises(openai.BadRequestError, match="n=1"):
         client.chat.completions.create(model="omnivoice", messages=USER, n=2)
