@@ -3,7 +3,9 @@
 # The `device` tool runs it over a copy of the working tree with `.whl/` (the server's wheels: the GPU
 # image has no starlette, uvicorn, soxr, aiortc...) and `.speech/utt.wav` (a spoken question made on
 # the CPU machine with espeak-ng; the GPU machine has no synthesizer) carried along. Results under
-# $OUT/r: serve.log, start.json (engine start seconds), rt-s<N>.json per session count.
+# $OUT/r.tgz (the device tool returns few files): serve.log, start.json (engine start seconds),
+# rt-s<N>.json per session count, chat-*.json, /metrics after each session count. Every step packs what
+# is there so far, so a run cut by its time limit still returns what it measured.
 #   SESSIONS="1 32"      session counts, one `bench realtime` each (3-6 s speech, server VAD)
 #   TURNS=2 RAMP=4       turns per session; seconds over which the sessions' starts are spread
 #   SPEC1=both SPEC=on   speculative responses on and off for one session, on (the default) for more
@@ -14,6 +16,7 @@ set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p "$OUT/r"
+pack() { (cd "$OUT" && tar czf r.tgz.part r && mv r.tgz.part r.tgz); }
 PROFILE=${PROFILE:-configs/h200-dummy.yaml}
 t0=$(date +%s)
 python3 -m omnivoice serve --profile "$PROFILE" --port 8000 > "$OUT/r/serve.log" 2>&1 &
@@ -35,6 +38,7 @@ for c in ${CHAT:-}; do
             --max-tokens ${TOKENS:-64} --extra-body "$fixed" $audio --prompt "Answer the question." --quiet \
             --label "$input input, c=$c" --output-json "$OUT/r/chat-$input-c$c.json" > "$OUT/r/chat-$input-c$c.log" 2>&1
         tail -12 "$OUT/r/chat-$input-c$c.log"
+        pack
     done
 done
 for n in ${SESSIONS:-1 32}; do
@@ -44,7 +48,9 @@ for n in ${SESSIONS:-1 32}; do
         --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
     tail -14 "$OUT/r/rt-s$n.log"
     python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics-s$n.txt"
+    pack
 done
 python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics.txt"
 kill -TERM $server; wait $server
 grep -E "ERROR|Traceback|illegal" "$OUT/r/serve.log" | head -20
+pack && rm -rf "$OUT/r"
