@@ -29,7 +29,7 @@ for _ in $(seq 1 ${START_LIMIT:-300}); do
 done
 echo "{\"engine_start_s\": $(( $(date +%s) - t0 )), \"ready\": \"${ready:-no}\"}" > "$OUT/r/start.json"
 cat "$OUT/r/start.json"
-if [ -z "$ready" ]; then tail -30 "$OUT/r/serve.log"; kill $server; exit 1; fi
+if [ -z "$ready" ]; then tail -30 "$OUT/r/serve.log"; kill $server; pack; exit 1; fi
 fixed='{"min_tokens": '${TOKENS:-64}', "min_audio_frames": '${FRAMES:-240}', "max_audio_frames": '${FRAMES:-240}'}'
 for c in ${CHAT:-}; do
     for input in speech text; do
