@@ -4,6 +4,8 @@ the page connects with a client secret, the server detects the spoken turn, the 
 comes back, and the page shows the transcript (the caller's words as the server's model wrote them
 down, and the replies) and the turn's latency. The WAV then speaks over the reply: the barge-in stops
 the playout (server-side over WebRTC, in the page over WebSocket) and the next turn is answered.
+Camera frames from Chromium's fake camera reach the server's conversation as `input_image` parts and
+show as thumbnails; a refused camera is said on the page.
 
 Set OMNIVOICE_SCREENSHOTS=docs to refresh the committed screenshots (docs/page-*.png).
 """
