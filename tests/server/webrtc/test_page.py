@@ -204,14 +204,16 @@ def silence(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("mode", ["websocket", "webrtc"])
-def test_page_shares_camera_frames(mode: str, playwright: Any, server: ServerThread, silence: Path) -> None:
+def test_page_shares_camera_frames(
+    mode: str, playwright: Any, server: ServerThread, silence: Path, tmp_path: Path
+) -> None:
     """With Chromium's fake camera, "Share camera frame" sends a frame as a user item with an
     `input_image` part (a JPEG data URL, its longer side at most 1024 px) over the page's transport and
     shows its thumbnail; a second frame reuses the camera, which stops when the call ends."""
     args = [*FLAGS, f"--use-file-for-fake-audio-capture={silence}%noloop"]
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
     try:
-        page = browser.new_page()
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.add_init_script(RECORD_CAMERA)
@@ -230,6 +232,8 @@ def test_page_shares_camera_frames(mode: str, playwright: Any, server: ServerThr
         thumbnails = [img.get_attribute("src") for img in page.locator("#transcript li.user.frame img").all()]
         log = page.locator("#log li").all_text_contents()
         message = page.text_content("#camera-error")
+        if mode == "websocket":
+            screenshot(page, "page-camera.png", tmp_path)
         page.click("#talk")  # hang up
         page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
         assert page.is_disabled("#camera")
