@@ -9,8 +9,13 @@
 // A server with API keys needs one to mint the page's client secret: the key field appears when the
 // server answers 401 (or a key is stored) and keeps the key in this browser's localStorage. The key
 // only mints short-lived client secrets (ek_...); the sessions themselves use the secret.
+//
+// "Share camera frame" (while connected) sends one camera frame as a user message with an
+// `input_image` part (conversation.item.create) and shows its thumbnail in the transcript; the camera
+// opens at the first frame, stays open for the next ones and closes with the call.
 
 import { levelMeter, openMicrophone } from "./audio.js";
+import { Camera, CameraError } from "./camera.js";
 import { WebRTCTransport } from "./webrtc.js";
 import { WebSocketTransport } from "./websocket.js";
 
@@ -28,6 +33,7 @@ const page = {
   audioReceivedMs: 0,
   transcript: [],  // [{role, text, status, itemId?}]
   events: [],      // types of every server event, in order
+  frames: [],      // camera frames sent: [{width, height, chars, eventId, itemId?, status}]
   errors: [],
 };
 window.omnivoice = page;
@@ -41,6 +47,9 @@ let userBubble = null;
 const userTurns = new Map(); // item id -> {li, entry (in page.transcript), text (the transcript so far)}
 let replies = new Map(); // response id -> {li, text, turn latency}
 let meterTimer = null;
+let camera = null;   // opened at the first frame of a call, closed at its end
+const framesSent = new Map(); // event id -> {li, frame} of a frame the server has not yet added
+const EVENT_OVERHEAD = 256; // characters of a conversation.item.create around the frame's data URL
 
 function setState(state) {
   page.state = state;
@@ -174,9 +183,13 @@ function onEvent(ev) {
       if (page.state === "speaking" && page.mode === "websocket") setState("connected");
       break;
     }
+    case "conversation.item.added":
+      if (ev.item.content?.some((c) => c.type === "input_image")) frameAdded(ev.item.id);
+      break;
     case "error":
       page.errors.push(ev.error);
       log(`error: ${ev.error.message}`, true);
+      if (framesSent.has(ev.error.event_id)) frameRefused(ev.error.event_id, ev.error.message);
       break;
     default:
   }
@@ -249,8 +262,61 @@ function transportState(s) {
   }
 }
 
+/** One camera frame into the conversation: a user item with an `input_image` part, and its
+ *  thumbnail. A camera refused or missing is said under the button. */
+async function shareFrame() {
+  const button = $("camera");
+  button.disabled = true;
+  $("camera-error").textContent = "";
+  const cam = (camera ??= new Camera());
+  try {
+    const shot = await cam.frame(transport.maxEventChars - EVENT_OVERHEAD);
+    if (cam !== camera || !transport) { cam.close(); return; } // the call ended meanwhile
+    const eventId = `evt_frame_${page.frames.length + 1}`;
+    const content = [{ type: "input_image", image_url: shot.url }];
+    transport.send({ type: "conversation.item.create", event_id: eventId, item: { type: "message", role: "user", content } });
+    const frame = { width: shot.width, height: shot.height, chars: shot.url.length, eventId, status: "sent" };
+    page.frames.push(frame);
+    const li = bubble("user", "", `camera frame, ${shot.width}×${shot.height}`);
+    li.classList.add("frame");
+    const img = document.createElement("img");
+    img.src = shot.url;
+    img.alt = "camera frame";
+    li.querySelector(".text").append(img);
+    framesSent.set(eventId, { li, frame });
+    log(`camera frame sent: ${shot.width}×${shot.height} JPEG, ${Math.round(shot.url.length / 1024)} kB`);
+  } catch (err) {
+    const message = err instanceof CameraError ? err.message : `the camera frame was not sent: ${err.message || err}`;
+    $("camera-error").textContent = message;
+    log(message, true);
+  } finally {
+    button.disabled = !transport;
+  }
+}
+
+/** The server added the oldest frame still waiting (it takes client events in order). */
+function frameAdded(itemId) {
+  const [eventId, sent] = framesSent.entries().next().value ?? [];
+  if (!sent) return;
+  framesSent.delete(eventId);
+  Object.assign(sent.frame, { itemId, status: "added" });
+  sent.li.dataset.itemId = itemId;
+}
+
+function frameRefused(eventId, message) {
+  const sent = framesSent.get(eventId);
+  framesSent.delete(eventId);
+  sent.frame.status = "refused";
+  sent.li.classList.add("cancelled");
+  sent.li.querySelector(".meta").textContent = `not added: ${message}`;
+  $("camera-error").textContent = `the server refused the frame: ${message}`;
+}
+
 async function stop() {
   running(false);
+  camera?.close();
+  camera = null;
+  framesSent.clear();
   await transport?.close();
   transport = null;
   mic?.getTracks().forEach((t) => t.stop());
@@ -267,6 +333,7 @@ function running(on) {
   talk.setAttribute("aria-pressed", String(on));
   $("talk-label").textContent = on ? "Stop" : "Start talking";
   document.querySelectorAll('input[name="mode"]').forEach((el) => { el.disabled = on; });
+  $("camera").disabled = !on;
   clearInterval(meterTimer);
   meterTimer = on ? setInterval(meters, 100) : null;
   if (!on) { $("in-level").style.width = "0%"; $("out-level").style.width = "0%"; }
@@ -296,4 +363,5 @@ $("api-key").addEventListener("input", () => {
   else localStorage.removeItem(KEY_STORAGE);
 });
 $("talk").addEventListener("click", () => (transport ? stop() : start()));
+$("camera").addEventListener("click", () => { if (transport) shareFrame(); });
 page.ready = true;

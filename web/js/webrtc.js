@@ -67,6 +67,10 @@ export class WebRTCTransport {
     if (this.dc?.readyState === "open") this.dc.send(JSON.stringify(event));
   }
 
+  /** The largest event the channel carries (the server's SCTP `max-message-size`; the browser
+   *  refuses to send a larger message). */
+  get maxEventChars() { return this.pc?.sctp?.maxMessageSize || 65536; }
+
   /** The remote audio as the browser's receiver sees it: its level and energy, and how long it has
    *  played while the server said it was playing the assistant (the track carries silence otherwise). */
   async pollStats() {

@@ -59,6 +59,9 @@ export class WebSocketTransport {
     if (this.ws?.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(event));
   }
 
+  /** No limit of its own: the server answers an event over `realtime.max_event_bytes` with an error. */
+  get maxEventChars() { return Infinity; }
+
   outputLevel() { return this.player ? this.player.level() : 0; }
 
   async close() {

@@ -4,6 +4,8 @@ the page connects with a client secret, the server detects the spoken turn, the 
 comes back, and the page shows the transcript (the caller's words as the server's model wrote them
 down, and the replies) and the turn's latency. The WAV then speaks over the reply: the barge-in stops
 the playout (server-side over WebRTC, in the page over WebSocket) and the next turn is answered.
+Camera frames from Chromium's fake camera reach the server's conversation as `input_image` parts and
+show as thumbnails; a refused camera is said on the page.
 
 Set OMNIVOICE_SCREENSHOTS=docs to refresh the committed screenshots (docs/page-*.png).
 """
@@ -174,6 +176,112 @@ def test_page_on_a_server_with_api_keys(mode: str, playwright: Any) -> None:
             assert page.is_visible("#key-row") and page.input_value("#api-key") == KEY
     finally:
         browser.close()
+
+
+# Records the camera streams the page opens (to see it reuse one and stop it at the call's end).
+RECORD_CAMERA = """
+    const open = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+    window.cameraStreams = [];
+    navigator.mediaDevices.getUserMedia = async (constraints) => {
+        const stream = await open(constraints);
+        if (constraints && constraints.video) window.cameraStreams.push(stream);
+        return stream;
+    };
+"""
+# The camera refused, as a browser does when its user says no (the microphone still works).
+REFUSE_CAMERA = """
+    const open = navigator.mediaDevices.getUserMedia.bind(navigator.mediaDevices);
+    navigator.mediaDevices.getUserMedia = (constraints) => constraints && constraints.video
+        ? Promise.reject(new DOMException("Permission denied", "NotAllowedError"))
+        : open(constraints);
+"""
+CONNECTED = "window.omnivoice.state === 'connected' && window.omnivoice.events.includes('session.created')"
+
+
+@pytest.fixture(scope="module")
+def silence(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return speech_wav([2.0], tmp_path_factory.mktemp("silence"))
+
+
+@pytest.mark.parametrize("mode", ["websocket", "webrtc"])
+def test_page_shares_camera_frames(
+    mode: str, playwright: Any, server: ServerThread, silence: Path, tmp_path: Path
+) -> None:
+    """With Chromium's fake camera, "Share camera frame" sends a frame as a user item with an
+    `input_image` part (a JPEG data URL, its longer side at most 1024 px) over the page's transport and
+    shows its thumbnail; a second frame reuses the camera, which stops when the call ends."""
+    args = [*FLAGS, f"--use-file-for-fake-audio-capture={silence}%noloop"]
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+    try:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.add_init_script(RECORD_CAMERA)
+        page.goto(f"{server.base_url}/?mode={mode}")
+        page.wait_for_function("window.omnivoice && window.omnivoice.ready")
+        assert page.is_disabled("#camera")  # not connected
+        page.click("#talk")
+        page.wait_for_function(CONNECTED, timeout=TIMEOUT_MS)
+        for n in (1, 2):
+            page.click("#camera")
+            added = f"window.omnivoice.frames.filter((f) => f.status === 'added').length === {n}"
+            page.wait_for_function(added, timeout=TIMEOUT_MS)
+        (session,) = server.server.config.app.state.realtime.sessions.values()
+        images = {i.id: c for i in session.conversation.items if i.role == "user" for c in i.content}
+        state = page.evaluate("window.omnivoice")
+        thumbnails = [img.get_attribute("src") for img in page.locator("#transcript li.user.frame img").all()]
+        log = page.locator("#log li").all_text_contents()
+        message = page.text_content("#camera-error")
+        if mode == "websocket":
+            screenshot(page, "page-camera.png", tmp_path)
+        page.click("#talk")  # hang up
+        page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
+        assert page.is_disabled("#camera")
+        tracks = page.evaluate("window.cameraStreams.flatMap((s) => s.getTracks().map((t) => t.readyState))")
+        wait_until(lambda: released(server), 10, "the call released")
+    finally:
+        browser.close()
+    assert not errors and not state["errors"] and not message, (errors, state["errors"], message)
+    assert tracks == ["ended"]  # one camera for both frames, stopped with the call
+    frames = state["frames"]
+    assert [images[f["itemId"]].type for f in frames] == ["input_image", "input_image"]
+    assert thumbnails == [images[f["itemId"]].image_url for f in frames]
+    for f in frames:
+        image = images[f["itemId"]]
+        assert image.image_url.startswith("data:image/jpeg;base64,") and image.image is not None
+        assert image.image.shape == (f["height"], f["width"], 3) and 0 < max(f["width"], f["height"]) <= 1024
+    assert sum("camera frame sent" in line for line in log) == 2
+    assert state["events"].count("conversation.item.added") == 2
+
+
+def test_page_says_when_the_camera_is_refused(playwright: Any, server: ServerThread, silence: Path) -> None:
+    """A refused camera is said on the page, beside the button; the call goes on."""
+    args = [*FLAGS, f"--use-file-for-fake-audio-capture={silence}%noloop"]
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args, headless=True)
+    try:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.add_init_script(REFUSE_CAMERA)
+        page.goto(f"{server.base_url}/?mode=websocket")
+        page.wait_for_function("window.omnivoice && window.omnivoice.ready")
+        page.click("#talk")
+        page.wait_for_function(CONNECTED, timeout=TIMEOUT_MS)
+        page.click("#camera")
+        page.wait_for_selector("#camera-error:not(:empty)", timeout=TIMEOUT_MS)
+        message = page.text_content("#camera-error") or ""
+        visible = page.is_visible("#camera-error")
+        state = page.evaluate("window.omnivoice")
+        thumbnails = page.locator("#transcript li.frame").count()
+        enabled = page.is_enabled("#camera")  # the user may allow it and try again
+        page.click("#talk")  # hang up
+        page.wait_for_function("window.omnivoice.state === 'idle'", timeout=10_000)
+        wait_until(lambda: released(server), 10, "the call released")
+    finally:
+        browser.close()
+    assert visible and "camera was refused" in message
+    assert not errors and state["state"] == "connected" and enabled
+    assert not state["frames"] and thumbnails == 0
 
 
 def log_markers_fit(page: Any) -> bool:
