@@ -16,10 +16,8 @@ from pydantic import Field, field_validator
 
 from omnivoice.server.chat.content import Lenient
 from omnivoice.server.errors import APIError, bad_request
+from omnivoice.server.session.tools import FUNCTION_NAME, object_schema
 from omnivoice.types import FunctionSpec, Tools
-
-# OpenAI's rule for function names
-FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
 class FunctionDef(Lenient):
@@ -28,12 +26,7 @@ class FunctionDef(Lenient):
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: bool | None = None
 
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type", "object") != "object":
-            raise ValueError('must be the JSON schema of an object ("type": "object")')
-        return v
+    _object_schema = field_validator("parameters")(object_schema)
 
 
 class ToolDef(Lenient):

@@ -22,6 +22,13 @@ from omnivoice.types import FunctionSpec, Tools
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
+def object_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`schema` if it may describe a function's arguments (an object); ValueError otherwise."""
+    if schema is not None and schema.get("type", "object") != "object":
+        raise ValueError('must be the JSON schema of an object ("type": "object")')
+    return schema
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,12 +39,7 @@ class FunctionToolParam(_Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type", "object") != "object":
-            raise ValueError('must be the JSON schema of an object ("type": "object")')
-        return v
+    _object_schema = field_validator("parameters")(object_schema)
 
     def wire(self) -> dict[str, Any]:
         return self.model_dump()
