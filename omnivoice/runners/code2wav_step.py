@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnivoice.runners.graphs import StepGraphs, batch_buckets, bucket
+from omnivoice.runners.graphs import StepGraphs, bucket, power_buckets
 from omnivoice.runners.transfer import to_device
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,9 @@ class Code2WavStep:
         self.groups = int(code2wav.config.num_quantizers)
         self.pad = device.type == "cuda" if pad is None else pad  # padding on CPU: tests only
         self.windows = windows
-        self.batch_sizes = batch_buckets(max_batch)
+        # powers of two: every shape is timed by cuDNN at start, and a Code2Wav step is cheap next to
+        # the decoders', so fewer shapes with more padding rows start faster
+        self.batch_sizes = power_buckets(max_batch)
         self.graphs = StepGraphs(self._fn, "code2wav", enabled=graphs)
 
     def frames(self, n: int) -> int:
