@@ -15,6 +15,8 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,8 +27,9 @@ from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
 from omnivoice.engine.leftovers import RunRecord
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
-from omnivoice.engine.stage import StageCrashed, StageReady, StageWorker
+from omnivoice.engine.stage import StageCrashed, StageReady
 from omnivoice.engine.stage_process import stage_process_main
+from omnivoice.engine.stage_thread import BuildTurns, stage_thread_main
 from omnivoice.messages import Shutdown
 from omnivoice.types import STAGES, StageName
 
@@ -82,55 +85,56 @@ class Pipeline:
         n = len(workers)
         board = PriorityBoard.shared(ctx, n) if use_processes else PriorityBoard.local(n)
         seat = seats(board, [(w, cfg(w[0]).replica_device(w[1])) for w in workers])
-        priority = profile.stages.priority
         in_thread = tuple(w for w in workers if cfg(w[0]).worker == "thread")
-        if in_thread:
-            from omnivoice.runners.factory import build_runners
-
-            runners = build_runners(profile, model_path, only=in_thread)
-            freeze_built_objects("stages in the server process")
-            for s, r in in_thread:
-                worker = StageWorker(
-                    runners[(s, r)],
-                    inboxes[s][r],
-                    downstream[s],
-                    pipe.engine_inbox,
-                    replica=r,
-                    seat=seat[(s, r)],
-                    priority=priority,
+        with _cudnn_autotuning_while(bool(in_thread) and profile.stages.parallel_build):
+            if in_thread:
+                pipe._start_threads(profile, model_path, in_thread, downstream, seat)
+            for s, r in workers:
+                if (s, r) in in_thread:
+                    continue
+                if cfg(s).worker == "ray":
+                    pipe.ray.start(s, r, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
+                    continue
+                args = (s, r, profile, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
+                p = ctx.Process(
+                    target=stage_process_main,
+                    args=(*args, os.getpid(), seat[(s, r)]),
+                    name=f"omnivoice-{s}-{r}",
+                    daemon=True,
                 )
-                t = threading.Thread(target=worker.run, name=f"stage-{s}-{r}", daemon=True)
-                t.start()
-                pipe.threads.append(t)
-        for s, r in workers:
-            if (s, r) in in_thread:
-                continue
-            if cfg(s).worker == "ray":
-                pipe.ray.start(s, r, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
-                continue
-            p = ctx.Process(
-                target=stage_process_main,
-                args=(
-                    s,
-                    r,
-                    profile,
-                    model_path,
-                    inboxes[s][r],
-                    downstream[s],
-                    pipe.engine_inbox,
-                    os.getpid(),
-                    seat[(s, r)],
-                ),
-                name=f"omnivoice-{s}-{r}",
+                p.start()
+                pipe.processes.append(p)
+            if pipe.processes:
+                pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
+                atexit.register(pipe._end_at_exit)
+            pipe._wait_ready(set(workers), timeout)
+        if in_thread:
+            freeze_built_objects("stages in the server process")
+        return pipe
+
+    def _start_threads(
+        self,
+        profile: Profile,
+        model_path: Path | DummySource,
+        workers: tuple[tuple[StageName, int], ...],
+        downstream: dict[StageName, list[Connector]],
+        seat: dict[Any, Any],
+    ) -> None:
+        """Start the stages that run on threads of this process; each builds its runner in its thread."""
+        from omnivoice.runners.factory import RunnerFactory
+
+        factory = RunnerFactory(profile, model_path, workers)  # the weights, loaded once
+        turns = BuildTurns(len(workers), parallel=profile.stages.parallel_build)
+        for i, (s, r) in enumerate(workers):
+            t = threading.Thread(
+                target=stage_thread_main,
+                args=(factory, turns, i, s, r, self.inboxes[s][r], downstream[s], self.engine_inbox),
+                kwargs={"seat": seat[(s, r)], "priority": profile.stages.priority},
+                name=f"stage-{s}-{r}",
                 daemon=True,
             )
-            p.start()
-            pipe.processes.append(p)
-        if pipe.processes:
-            pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
-            atexit.register(pipe._end_at_exit)
-        pipe._wait_ready(set(workers), timeout)
-        return pipe
+            t.start()
+            self.threads.append(t)
 
     def in_this_process(self, stage: StageName) -> bool:
         """True when `stage` runs on a thread of this process (it shares this process's device context)."""
@@ -216,3 +220,22 @@ class Pipeline:
             thaw_built_objects()  # the stages' objects may be collected again once they are garbage
         if self.ray is not None and not keep_ray:
             self.ray.shutdown()
+
+
+@contextmanager
+def _cudnn_autotuning_while(on: bool) -> Iterator[None]:
+    """cuDNN times its convolution algorithms while stages build side by side. A stage that warms its
+    convolutions up with autotuning (Code2Wav) turns the process-wide flag on for its build; another
+    stage building at the same time must see the flag as it was when its own warm-up ran, or its
+    capture would time algorithms inside a CUDA graph capture. So the flag stays on for all builds."""
+    if not on:
+        yield
+        return
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before

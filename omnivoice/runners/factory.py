@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,47 +28,73 @@ StageReplica = tuple[StageName, int]
 def build_runners(
     profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
 ) -> dict[StageReplica, Any]:
-    """Load the checkpoint (or build the dummy model) once and build a runner per (stage, replica).
+    """Load the checkpoint (or build the dummy model) once and build a runner per (stage, replica),
+    one after the other in this thread."""
+    factory = RunnerFactory(profile, path, only)
+    runners = {(name, replica): factory.build(name, replica) for name, replica in only}
+    log.info("runners ready: %s", factory.names)
+    return runners
+
+
+class RunnerFactory:
+    """The loaded checkpoint (or dummy model) of the stages one worker host serves, and their runners.
 
     Replicas on one device share that device's copy of the weights (thread workers); a replica on
-    another device gets its own copy.
+    another device gets its own copy. `build` may be called from several threads at once, one per
+    stage: a runner's CUDA graphs are then captured by the thread that replays them (its own cuBLAS
+    handle, so its own workspaces).
     """
-    stages = profile.stages
-    threads = max(stages.stage(s).threads for s, _ in only)
-    torch.set_num_threads(threads)
-    first_cfg = stages.stage(only[0][0])
-    first_device = first_cfg.replica_device(only[0][1])
-    names = ", ".join(f"{s}#{r}" for s, r in only)
-    log.info("loading %s for %s (%s, %s)", path, names, first_device, first_cfg.dtype)
-    spec: ModelSpec
-    if isinstance(path, DummySource):  # random weights, built where the first stage runs
-        model, spec = build_dummy_model(path, first_device, _DTYPES[first_cfg.dtype])
-    else:
-        loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
-        model, spec = loaded.model, loaded.spec
-    if any(stages.stage(s).replica_device(r).startswith("cuda") for s, r in only):
-        _grouped_experts(model)
-    # the thinker compiles grammars against the served tokenizer
-    tokenizer = _tokenizer(profile, path) if any(s == "thinker" for s, _ in only) else None
-    placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
-    runners: dict[StageReplica, Any] = {}
-    for name, replica in only:
-        cfg = stages.stage(name)
+
+    def __init__(self, profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]) -> None:
+        self.stages = stages = profile.stages
+        torch.set_num_threads(max(stages.stage(s).threads for s, _ in only))
+        first_cfg = stages.stage(only[0][0])
+        first_device = first_cfg.replica_device(only[0][1])
+        self.names = ", ".join(f"{s}#{r}" for s, r in only)
+        log.info("loading %s for %s (%s, %s)", path, self.names, first_device, first_cfg.dtype)
+        if isinstance(path, DummySource):  # random weights, built where the first stage runs
+            self.model, self.spec = build_dummy_model(path, first_device, _DTYPES[first_cfg.dtype])
+        else:
+            loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
+            self.model, self.spec = loaded.model, loaded.spec
+        if any(stages.stage(s).replica_device(r).startswith("cuda") for s, r in only):
+            _grouped_experts(self.model)
+        # the thinker compiles grammars against the served tokenizer
+        self.tokenizer = _tokenizer(profile, path) if any(s == "thinker" for s, _ in only) else None
+        self._placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
+        self._lock = threading.Lock()
+
+    def build(self, name: StageName, replica: int) -> Any:
+        """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled)."""
+        cfg = self.stages.stage(name)
         device = torch.device(cfg.replica_device(replica))
         dtype = _DTYPES[cfg.dtype]
 
-        def part(attr: str, device: torch.device = device, dtype: torch.dtype = dtype) -> Any:
-            key = (attr, str(device))
-            if key not in placed:
-                module = getattr(model, attr)
-                # the first placement moves the loaded module; further devices get copies
-                moved = any(k[0] == attr for k in placed)
-                placed[key] = (copy.deepcopy(module) if moved else module).to(device, dtype)
-            return placed[key]
+        def part(attr: str) -> Any:
+            with self._lock:
+                return self._part(attr, device, dtype)
 
-        runners[(name, replica)] = _runner(name, cfg, part, model, spec, stages, device, tokenizer)
-    log.info("runners ready: %s", names)
-    return runners
+        began = time.perf_counter()
+        runner = _runner(name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer)
+        log.info("%s runner (replica %d) built in %.1f s", name, replica, time.perf_counter() - began)
+        return runner
+
+    def _tts_embeds(self) -> torch.Tensor:
+        """The thinker's embeddings of the TTS bos, eos and pad tokens [3, H], which the talker's prompts
+        use (read under the lock: the thinker's stage may be moving those weights to its device)."""
+        with self._lock:
+            special = torch.tensor([self.spec.tts_bos_id, self.spec.tts_eos_id, self.spec.tts_pad_id])
+            embed = self.model.thinker.get_input_embeddings()
+            return embed(special.to(embed.weight.device)).detach()
+
+    def _part(self, attr: str, device: torch.device, dtype: torch.dtype) -> Any:
+        key = (attr, str(device))
+        if key not in self._placed:
+            module = getattr(self.model, attr)
+            # the first placement moves the loaded module; further devices get copies
+            moved = any(k[0] == attr for k in self._placed)
+            self._placed[key] = (copy.deepcopy(module) if moved else module).to(device, dtype)
+        return self._placed[key]
 
 
 def _grouped_experts(model: Any) -> None:
@@ -93,7 +121,7 @@ def _runner(
     name: str,
     cfg: Any,
     part: Any,
-    model: Any,
+    tts_embeds: Any,
     spec: ModelSpec,
     stages: Any,
     device: torch.device,
@@ -106,10 +134,7 @@ def _runner(
     if name == "thinker":
         return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer, stages.priority)
     if name == "talker":
-        special = torch.tensor([spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id])
-        embed = model.thinker.get_input_embeddings()
-        tts = embed(special.to(embed.weight.device)).detach()
-        return TalkerRunner(part("talker"), tts, spec, cfg, device, stages.priority)
+        return TalkerRunner(part("talker"), tts_embeds(), spec, cfg, device, stages.priority)
     chunk = stages.code2wav.chunk
     frame_s = 1.0 / spec.frame_rate
     return Code2WavRunner(part("code2wav"), cfg, chunk, device, priority=stages.priority, frame_s=frame_s)
