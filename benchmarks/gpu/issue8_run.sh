@@ -9,11 +9,22 @@
 #   BASELINE=1 measures transformers' generate() (2 requests at batch 1) in the sweep's run, before the
 #   engine starts; GEMMS=1 also times each predictor GEMM alone and TORCH_SAMPLING=1 a frame with torch sampling (with KERN=1).
 # TS / TPA / TP / TT: time limits in seconds of the sweep, parity, profile and tiny parity.
+# CONC / NUMS / WARMS: the sweep's concurrencies, request counts and warm-ups (default "32 1",
+# "128 5", "5 2"); PROFILE: the profile (default configs/h200-dummy.yaml); WIDE=1 first runs the
+# GPU tests of graphs replayed side by side and of every stage at its widest bucket; RESTART=1 starts
+# the engine once more after the sweep (c=1, 2 requests: the start with compile caches on disk).
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p $OUT/r
 python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/runners/test_slot_sampling.py -k cuda_graph || exit 1
+PROFILE=${PROFILE:-configs/h200-dummy.yaml}
+pack() { (cd $OUT && tar czf r.tgz.part r && mv r.tgz.part r.tgz); }
+if [ -n "${WIDE:-}" ]; then
+( time timeout ${TW:-240} python3 -m pytest -q -o addopts="" -p no:cacheprovider tests/runners/test_graphs_side_by_side.py \
+    tests/engine/test_wide_batches_cuda.py ) > $OUT/r/wide-tests.log 2>&1
+tail -5 $OUT/r/wide-tests.log; pack
+fi
 if [ -n "${PARTS:-}" ]; then  # one full-size layer's prefill parts: ~1 minute
 python3 benchmarks/prefill_parts.py --rows 1 32 --tokens 140 --out $OUT/r/prefill-parts.json > $OUT/r/parts.log 2>&1
 tail -3 $OUT/r/parts.log
@@ -32,11 +43,17 @@ if [ -n "${TINY:-}" ]; then
 tail -8 $OUT/r/tiny-parity.log
 fi
 if [ "${SWEEP:-1}" != 0 ]; then
-( time timeout ${TS:-300} python3 -m omnivoice bench engine --profile configs/h200-dummy.yaml --prompt-tokens 128 \
-    --text-tokens 64 --audio-frames 240 --concurrency 32 1 --num-prompts 128 5 --warmups 5 2 \
+( time timeout ${TS:-300} python3 -m omnivoice bench engine --profile $PROFILE --prompt-tokens 128 \
+    --text-tokens 64 --audio-frames 240 --concurrency ${CONC:-32 1} --num-prompts ${NUMS:-128 5} --warmups ${WARMS:-5 2} \
     --output-json $OUT/r/sweep.json --records $OUT/r/sweep.jsonl --quiet \
     ${BASELINE:+--baseline transformers --baseline-requests 2} ) > $OUT/r/sweep.log 2>&1
-grep -v "^\[" $OUT/r/sweep.log | tail -45
+grep -v "^\[" $OUT/r/sweep.log | tail -45; pack
+fi
+if [ -n "${RESTART:-}" ]; then
+( time timeout ${TR:-200} python3 -m omnivoice bench engine --profile $PROFILE --prompt-tokens 128 \
+    --text-tokens 64 --audio-frames 240 --concurrency 1 --num-prompts 2 --warmups 1 \
+    --output-json $OUT/r/restart.json --quiet ) > $OUT/r/restart.log 2>&1
+grep -v "^\[" $OUT/r/restart.log | tail -12; pack
 fi
 if [ -n "${PARITY:-}" ]; then
 ( time timeout ${TPA:-200} python3 -m omnivoice bench parity --profile configs/h200-dummy.yaml --requests 4 --prompt-tokens 128 \
@@ -47,4 +64,4 @@ if [ -n "${PROF:-}" ]; then
 ( time timeout ${TP:-250} python3 benchmarks/profile_steps.py --profile configs/h200-dummy.yaml --batch 32 --out $OUT/r/prof ) > $OUT/r/prof.log 2>&1
 tail -5 $OUT/r/prof.log
 fi
-cd $OUT && tar czf r.tgz r && rm -rf r
+pack && rm -rf $OUT/r
