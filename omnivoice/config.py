@@ -263,13 +263,6 @@ class StagesConfig(_Strict):
         "growth, kernel set-up for new shapes) while users wait. Default (null): on when the thinker "
         "runs on a CUDA device",
     )
-    parallel_build: bool = Field(
-        False,
-        description="stages that run as threads of the server build their runners at the same time "
-        "(loading, compiling and capturing CUDA graphs side by side) instead of one after the other; "
-        "each stage builds in its own thread either way",
-    )
-
     def warms_burst(self) -> bool:
         """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""
         if self.warm_burst is not None:

@@ -15,8 +15,6 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,28 +84,27 @@ class Pipeline:
         board = PriorityBoard.shared(ctx, n) if use_processes else PriorityBoard.local(n)
         seat = seats(board, [(w, cfg(w[0]).replica_device(w[1])) for w in workers])
         in_thread = tuple(w for w in workers if cfg(w[0]).worker == "thread")
-        with _cudnn_autotuning_while(bool(in_thread) and profile.stages.parallel_build):
-            if in_thread:
-                pipe._start_threads(profile, model_path, in_thread, downstream, seat)
-            for s, r in workers:
-                if (s, r) in in_thread:
-                    continue
-                if cfg(s).worker == "ray":
-                    pipe.ray.start(s, r, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
-                    continue
-                args = (s, r, profile, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
-                p = ctx.Process(
-                    target=stage_process_main,
-                    args=(*args, os.getpid(), seat[(s, r)]),
-                    name=f"omnivoice-{s}-{r}",
-                    daemon=True,
-                )
-                p.start()
-                pipe.processes.append(p)
-            if pipe.processes:
-                pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
-                atexit.register(pipe._end_at_exit)
-            pipe._wait_ready(set(workers), timeout)
+        if in_thread:
+            pipe._start_threads(profile, model_path, in_thread, downstream, seat)
+        for s, r in workers:
+            if (s, r) in in_thread:
+                continue
+            if cfg(s).worker == "ray":
+                pipe.ray.start(s, r, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
+                continue
+            args = (s, r, profile, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
+            p = ctx.Process(
+                target=stage_process_main,
+                args=(*args, os.getpid(), seat[(s, r)]),
+                name=f"omnivoice-{s}-{r}",
+                daemon=True,
+            )
+            p.start()
+            pipe.processes.append(p)
+        if pipe.processes:
+            pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
+            atexit.register(pipe._end_at_exit)
+        pipe._wait_ready(set(workers), timeout)
         if in_thread:
             freeze_built_objects("stages in the server process")
         return pipe
@@ -124,7 +121,7 @@ class Pipeline:
         from omnivoice.runners.factory import RunnerFactory
 
         factory = RunnerFactory(profile, model_path, workers)  # the weights, loaded once
-        turns = BuildTurns(len(workers), parallel=profile.stages.parallel_build)
+        turns = BuildTurns(len(workers))
         for i, (s, r) in enumerate(workers):
             t = threading.Thread(
                 target=stage_thread_main,
@@ -220,22 +217,3 @@ class Pipeline:
             thaw_built_objects()  # the stages' objects may be collected again once they are garbage
         if self.ray is not None and not keep_ray:
             self.ray.shutdown()
-
-
-@contextmanager
-def _cudnn_autotuning_while(on: bool) -> Iterator[None]:
-    """cuDNN times its convolution algorithms while stages build side by side. A stage that warms its
-    convolutions up with autotuning (Code2Wav) turns the process-wide flag on for its build; another
-    stage building at the same time must see the flag as it was when its own warm-up ran, or its
-    capture would time algorithms inside a CUDA graph capture. So the flag stays on for all builds."""
-    if not on:
-        yield
-        return
-    import torch
-
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = before

@@ -3,9 +3,9 @@
 Building in the thread that serves matters on a GPU: the CUDA graphs a runner captures keep the
 cuBLAS workspace of the thread and stream they were captured on, and each thread has cuBLAS handles of
 its own, so graphs of different stages replaying side by side never share a workspace. The builds
-run one after the other (`stages.parallel_build: false`), or all at once, loading, compiling and
-capturing side by side. A build that fails is reported to the engine as StageCrashed, and the builds
-waiting for their turn then give up.
+run one after the other: torch.compile's tracing is not thread-safe, and a stage's eager warm-up
+beside another stage's graph capture is refused by CUDA. A build that fails is reported to the engine
+as StageCrashed, and the builds waiting for their turn then give up.
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ log = logging.getLogger(__name__)
 
 
 class BuildTurns:
-    """The order in which n stage threads build: in turn (thread i after thread i - 1) or all at once."""
+    """The order in which n stage threads build: thread i after thread i - 1."""
 
-    def __init__(self, n: int, parallel: bool) -> None:
-        self.parallel = parallel
+    def __init__(self, n: int) -> None:
         self.failed = False
         self._done = [threading.Event() for _ in range(n)]
 
     @contextmanager
     def turn(self, index: int) -> Iterator[bool]:
         """Wait for thread `index`'s turn; yields False when an earlier build failed (do not build)."""
-        if not self.parallel and index > 0:
+        if index > 0:
             self._done[index - 1].wait()
         try:
             yield not self.failed

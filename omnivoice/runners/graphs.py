@@ -114,7 +114,7 @@ class StepGraphs:
         here = torch.cuda.current_stream(device)
         side.wait_stream(here)
         with torch.cuda.stream(side):  # warm-up runs (library handles, autotuning) must not be captured
-            for _ in range(2):
+            for _ in range(1 if self.captured else 2):  # a new shape of a warm function: one run
                 self.fn(**buffers, **static)
         capture.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
