@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -167,7 +169,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"omnivoice bench is not available: {e}", file=sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(args_list)
+    _stacks_on_sigusr1()
     return args.func(args)
+
+
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's Python stack to stderr (a stuck server or benchmark
+    shows where each stage thread waits) and the process goes on."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _serve(args: argparse.Namespace) -> int:
