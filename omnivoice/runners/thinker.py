@@ -6,16 +6,17 @@ As in the talker, a step's inputs are on the device (each slot's last token; sam
 that samples an end token was then queued for one more step, whose row is dropped. A request held to a
 grammar (`Sampling.grammar`, see `constraints.py`) needs its last token on the host before its next
 mask: a step with such a request in its batch reads the previous step back before it is queued.
+
+Which waiting requests a step prefills, and their inputs, are `thinker_prefill.py`'s; a request's
+bookkeeping is `thinker_seq.py`'s; what a token read back becomes is `thinker_outputs.py`'s.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from omnivoice.config import PriorityConfig, ThinkerStage
@@ -25,74 +26,26 @@ from omnivoice.messages import (
     ForgetPrefix,
     NewRequest,
     StageFinished,
-    ThinkerChunk,
-    TokenOutput,
 )
 from omnivoice.runners.audio_encoder import AudioEncoder, audio_tower
 from omnivoice.runners.constraints import Constraints
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
-from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, position_keys
-from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
+from omnivoice.runners.prefix_cache import PrefixCache
+from omnivoice.runners.priority import PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.thinker_audio import ThinkerAudio
-from omnivoice.runners.thinker_inputs import check_audio, embed_prompt, needed_clips
+from omnivoice.runners.thinker_inputs import check_audio
+from omnivoice.runners.thinker_outputs import TokenReader
+from omnivoice.runners.thinker_prefill import PrefillAdmission, forward_prefill
+from omnivoice.runners.thinker_seq import Pending, QueuedStep, ThinkerSeq, start_seq, waiting_playback
 from omnivoice.runners.transfer import ReadBack, to_device
-from omnivoice.runners.vision_encoder import ImageInputs, image_inputs
 from omnivoice.types import GenerationRequest, Sampling, StageStats
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Seq:
-    request: GenerationRequest
-    slot: int
-    max_tokens: int
-    prompt_len: int
-    # frames: tokens read back (the talker makes at most one frame of each while text streams in)
-    playback: Playback
-    sampled: int = 0  # tokens queued so far (read back or not)
-    talking: bool = True  # the talker still takes this request's tokens (until a function call opens)
-    generated: list[int] = field(default_factory=list)  # tokens read back
-    # kept only for requests with a cache_key: what a prefix-cache entry needs per position
-    keys: list = field(default_factory=list)
-    embeds: list[torch.Tensor] = field(default_factory=list)  # each [n, H]
-    hidden: list[torch.Tensor] = field(default_factory=list)  # each [n, H]
-
-    def prefix_entry(self) -> PrefixEntry:
-        # the KV holds the prompt and every generated token but the last (never fed back); steps queued
-        # past the end (overlap) fed more, which the entry leaves out
-        fed = self.generated[:-1] if self.generated else []
-        n = len(self.keys) + len(fed)
-        return PrefixEntry(self.slot, self.keys + fed, torch.cat(self.embeds)[:n], torch.cat(self.hidden)[:n])
-
-
-@dataclass
-class _Pending:
-    """A request admitted this step, waiting for the batched prefill."""
-
-    request: GenerationRequest
-    slot: int
-    reuse: int  # prompt positions already in the slot (prefix cache)
-    entry: PrefixEntry | None
-    keys: list
-    embeds: torch.Tensor  # [1, n - reuse, H]
-    images: ImageInputs | None = None  # a prompt with images: its rotary positions and deepstack
-    rope_delta: int = 0
-
-
-@dataclass
-class _Step:
-    """A queued step, as the host knows it. Its results come back through `ReadBack`: the tokens [n],
-    their embeddings for the talker [n, H] (or None), and per row of a prefill the prompt's
-    embeddings and hidden states (or None)."""
-
-    seqs: list[_Seq]
-    counts: list[int]  # each row's tokens with this step's
 
 
 class ThinkerRunner:
@@ -123,14 +76,9 @@ class ThinkerRunner:
         # one slot per running request, plus one per cached conversation prefix
         slots = cfg.max_batch + cfg.prefix_cache_entries
         self.cache = self.stack.make_cache(slots, cfg.max_seq_len, thinker.dtype, device)
+        graphs, keep = cfg.execution == "cuda_graph", (spec.accept_hidden_layer,)
         self.decode_step = DecodeStep(
-            self.stack,
-            self.cache,
-            cfg.max_batch,
-            device,
-            cfg.execution == "cuda_graph",
-            "thinker",
-            keep=(spec.accept_hidden_layer,),
+            self.stack, self.cache, cfg.max_batch, device, graphs, "thinker", keep=keep
         )
         self.prefix = PrefixCache(cfg.prefix_cache_entries, self._release)
         vocab = thinker.lm_head.out_features
@@ -139,24 +87,29 @@ class ThinkerRunner:
         self.tokens = torch.zeros(self.cache.scratch + 1, dtype=torch.long, device=device)  # each slot's last
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
-        self._queued: ReadBack[_Step] = ReadBack()
-        self.waiting: deque[GenerationRequest] = deque()
+        self._queued: ReadBack[QueuedStep] = ReadBack()
         # the audio encoder: waiting requests' clips and speech sent ahead, a budget of windows per step
-        windows, graphs = cfg.audio_windows_per_step, cfg.execution == "cuda_graph"
+        windows = cfg.audio_windows_per_step
         encoder = AudioEncoder(audio_tower(thinker), device, windows, graphs)
         self.audio = ThinkerAudio(encoder, windows, conversations=cfg.max_batch + cfg.prefix_cache_entries)
-        self._keys: dict[str, list] = {}  # position keys of waiting requests whose audio is planned
-        self.running: dict[str, _Seq] = {}
+        self.admission = PrefillAdmission(thinker, spec, cfg, device, self.cache, self.prefix, self.audio)
+        self.reader = TokenReader(self.sampler, self.constraints, self.policy, spec.tool_call_id)
+        self.running: dict[str, ThinkerSeq] = {}
         self._steps = 0
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
         self._cached_tokens = 0
-        if cfg.execution == "cuda_graph":
+        if graphs:
             with torch.inference_mode():
                 self.decode_step.capture_all(text_model.config.hidden_size, thinker.dtype)
         with torch.inference_mode():
             self.stack.warm_prefill(self.cache, thinker.dtype)
             encoder.capture_all()
+
+    @property
+    def waiting(self) -> deque[GenerationRequest]:
+        """The requests waiting for their prefill, in the order they are admitted."""
+        return self.admission.waiting
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:
@@ -180,32 +133,30 @@ class ThinkerRunner:
         check_audio(req.prompt, self.spec.audio_pad_id, self.audio.encoder.n_mels, self.audio.encoder.tokens)
         if req.thinker.grammar is not None and not req.prefill_only:
             self.constraints.add(req.request_id, req.thinker.grammar)  # compiled here, off the step
-        self.waiting.append(req)
+        self.admission.waiting.append(req)
         return []
 
     def abort(self, request_id: str) -> None:
-        self.waiting = deque(r for r in self.waiting if r.request_id != request_id)
+        self.admission.drop(request_id)
         self.constraints.drop(request_id)
         self.audio.drop(request_id)
-        self._keys.pop(request_id, None)
         seq = self.running.pop(request_id, None)
         if seq is not None:
             self._retire(seq)  # a barged-in answer still leaves a reusable prefix
-
-    def _can_admit(self, admitted: int = 0) -> bool:
-        room = self.cache.free_slots > 0 or len(self.prefix) > 0
-        return bool(self.waiting) and len(self.running) + admitted < self.cfg.max_batch and room
 
     def has_work(self) -> bool:
         return bool(self._queued) or bool(self._decoding()) or self._can_admit() or self.audio.has_work()
 
     def urgency(self) -> Priority | None:
-        waiting = [_waiting_playback(r) for r in self.waiting] if self._can_admit() else []
+        waiting = [waiting_playback(r) for r in self.waiting] if self._can_admit() else []
         own = self.policy.urgency([*waiting, *(s.playback for s in self._decoding())])
         # speech sent ahead while it is still spoken is the only work left: it may wait for others'
         return Priority.AHEAD if own is None and self.audio.has_work() else own
 
-    def _decoding(self) -> list[_Seq]:
+    def _can_admit(self) -> bool:
+        return self.admission.can_admit(len(self.running))
+
+    def _decoding(self) -> list[ThinkerSeq]:
         # a request whose last token is queued ends when that step is read back
         return [s for s in self.running.values() if s.sampled < s.max_tokens]
 
@@ -240,18 +191,8 @@ class ThinkerRunner:
         queued = len(self._queued)
         self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
         self._prefilled = False
-        # Admit new requests first (in playback order), prefilled together: their first token is on
-        # the time-to-first-audio path. At most max_prefill_tokens prompt tokens per step, and
-        # audio_windows_per_step windows of their audio encoded, keep decode steps flowing; a request
-        # waits until its audio is encoded.
-        if len(self.waiting) > 1:
-            self.waiting = deque(self.policy.order(self.waiting, _waiting_playback))
-        self.audio.step(self.waiting, self._clips)
-        batch: list[_Pending] = []
-        budget = self.cfg.max_prefill_tokens
-        while self._can_admit(len(batch)) and self._next_fits(budget if batch else None):
-            batch.append(self._admit(self.waiting.popleft()))
-            budget -= batch[-1].embeds.shape[1]
+        # new requests first, prefilled together: their first token is on the time-to-first-audio path
+        batch = self.admission.admit(self.policy, len(self.running))
         if batch:
             self._prefilled = True
             outs += self._prefill(batch)
@@ -263,79 +204,12 @@ class ThinkerRunner:
         return outs + self._read_back(keep)
 
     # ---- internals ---------------------------------------------------------------------------
-    def _clips(self, req: GenerationRequest) -> list[int]:
-        """The audio clips of a waiting request past its conversation's cached prefix (its position
-        keys are kept for its admission)."""
-        keys, _, reuse = self._match(req, self._keys.get(req.request_id))
-        if req.cache_key:
-            self._keys[req.request_id] = keys
-        return needed_clips(req.prompt, self.spec.audio_pad_id, reuse)
-
-    def _next_fits(self, tokens_left: int | None) -> bool:
-        """Whether the head of the queue may join this step's prefill: its audio is encoded, and its
-        prompt fits the tokens left (None: the first of the batch, which always fits)."""
-        req = self.waiting[0]
-        fits = tokens_left is None or len(req.prompt.input_ids) <= tokens_left
-        return fits and self.audio.ready(req.request_id)
-
-    def _match(self, req: GenerationRequest, keys: list | None) -> tuple[list, PrefixEntry | None, int]:
-        """`req`'s position keys, its conversation's cached prefix and how much of it the prompt reuses
-        (at least one position is computed, for the first token's logits)."""
-        if not req.cache_key:
-            return [], None, 0
-        keys = (
-            position_keys(req.prompt, self.spec.audio_pad_id, self.spec.image_pad_id)
-            if keys is None
-            else keys
-        )
-        entry, reuse = self.prefix.match(req.cache_key, keys)
-        return keys, entry, min(reuse, len(req.prompt.input_ids) - 1)
-
-    def _admit(self, req: GenerationRequest) -> _Pending:
-        """Take a KV slot for `req` (its conversation's cached one if any) and embed what is new."""
-        keys, entry, reuse = self._match(req, self._keys.pop(req.request_id, None))
-        if entry is not None and req.cache_key:  # an entry is only found under a key
-            slot = self.prefix.take(req.cache_key)  # the conversation's slot: prefill on top of it in place
-        else:
-            if self.cache.free_slots == 0:
-                self.prefix.evict_one()
-            slot = self.cache.alloc()
-        # the cached part may have shrunk since the audio was planned (its entry evicted): encode the rest
-        if self.audio.plan(req, needed_clips(req.prompt, self.spec.audio_pad_id, reuse)):
-            self.audio.encode_now(req.request_id)
-        audio = self.audio.take(req.request_id)
-        embeds = embed_prompt(self.model, self.spec.audio_pad_id, req.prompt, reuse, self.device, audio)
-        images, delta = None, 0
-        if req.prompt.image_grids:
-            if self.spec.image_pad_id is None:
-                raise ValueError("the served model takes no images")
-            merge = self.model.config.vision_config.spatial_merge_size
-            images, delta = image_inputs(self.model, req.prompt, self.spec.image_pad_id, merge, embeds, reuse)
-        return _Pending(req, slot, reuse, entry if reuse > 0 else None, keys, embeds, images, delta)
-
-    def _prefill(self, batch: list[_Pending]) -> list[Any]:
+    def _prefill(self, batch: list[Pending]) -> list[Any]:
+        """Prefill the admitted batch, book each request and queue its first token."""
         accept = self.spec.accept_hidden_layer
-        lengths = [p.embeds.shape[1] for p in batch]
-        if len(batch) > 1:
-            log.debug("prefilling %d requests together (%d tokens)", len(batch), sum(lengths))
-        longest = max(lengths)
-        embeds = torch.cat(
-            [torch.nn.functional.pad(p.embeds, (0, 0, 0, longest - p.embeds.shape[1])) for p in batch]
-        )  # [B, T, H], right-padded
-        slot_ids, starts = [p.slot for p in batch], [p.reuse for p in batch]
-        for p in batch:
-            self.cache.rope_delta[p.slot] = p.rope_delta
-        if any(p.images is not None for p in batch):
-            rope, deepstack = _image_rows(batch, longest)
-            h, kept = self.stack.forward(
-                embeds, self.cache, slot_ids, starts, (0, accept), lengths, rope.to(embeds.device), deepstack
-            )
-        else:
-            h, kept = self.stack.prefill(
-                embeds, self.cache, slot_ids, starts, keep=(0, accept), lengths=lengths
-            )
+        h, kept, lengths = forward_prefill(self.stack, self.cache, batch, accept)
         outs: list[Any] = []
-        seqs: list[_Seq] = []
+        seqs: list[ThinkerSeq] = []
         prompts: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         rows: list[int] = []
         resets: list[tuple[int, Sampling, tuple[int, ...]]] = []  # (slot, sampling, history) to set
@@ -358,22 +232,13 @@ class ThinkerRunner:
         return outs
 
     def _start(
-        self, p: _Pending, embeds: torch.Tensor, hidden: torch.Tensor, resets: list
-    ) -> tuple[_Seq, tuple[torch.Tensor, torch.Tensor] | None]:
+        self, p: Pending, embeds: torch.Tensor, hidden: torch.Tensor, resets: list
+    ) -> tuple[ThinkerSeq, tuple[torch.Tensor, torch.Tensor] | None]:
         """Book a prefilled request: a running sequence, and the prompt's embeddings and accept-layer
         hidden states [n, H] that its first chunk brings the talker (None: prefill-only, done). Its
         sampler slot is added to `resets`, set for the whole batch at once."""
-        req, n = p.request, len(p.request.prompt.input_ids)
-        if p.entry is not None:
-            embeds = torch.cat([p.entry.embeds[: p.reuse], embeds])  # [n, H]
-            hidden = torch.cat([p.entry.hidden[: p.reuse], hidden])
-        max_new = min(req.thinker.max_tokens, self.cfg.max_seq_len - n)
-        params = req.thinker if max_new == req.thinker.max_tokens else _with_max(req.thinker, max_new)
-        if params.grammar is not None and params.min_tokens:
-            params = replace(params, min_tokens=0)  # a grammar decides where the answer may end
-        seq = _Seq(req, p.slot, params.max_tokens, prompt_len=n, playback=Playback(stream=req.want_audio))
-        if req.cache_key:
-            seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
+        seq, params, prompt = start_seq(p, embeds, hidden, self.cfg.max_seq_len)
+        req, n = p.request, seq.prompt_len
         self._cached_tokens += p.reuse
         if p.reuse:
             log.debug(
@@ -384,9 +249,9 @@ class ThinkerRunner:
             return seq, None
         self.running[req.request_id] = seq
         resets.append((p.slot, params, req.prompt.input_ids))
-        return seq, (embeds, hidden)
+        return seq, prompt
 
-    def _retire(self, seq: _Seq) -> None:
+    def _retire(self, seq: ThinkerSeq) -> None:
         """Free a finished request's slot, or keep it as its conversation's cached prefix."""
         if seq.request.cache_key and seq.embeds:
             self.prefix.put(seq.request.cache_key, seq.prefix_entry())
@@ -397,7 +262,7 @@ class ThinkerRunner:
         self.cache.release(slot)
         self.sampler.release(slot)
 
-    def _decode(self, seqs: list[_Seq]) -> None:
+    def _decode(self, seqs: list[ThinkerSeq]) -> None:
         """Queue one decode step of the running batch."""
         slots = [s.slot for s in seqs]
         slot_idx = self.decode_step.slot_index(slots)  # padded to a batch bucket on the GPU
@@ -414,7 +279,7 @@ class ThinkerRunner:
 
     def _sample(
         self,
-        seqs: list[_Seq],
+        seqs: list[ThinkerSeq],
         logits: torch.Tensor,
         slot_idx: torch.Tensor,
         prompts: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
@@ -432,7 +297,7 @@ class ThinkerRunner:
         for s in seqs:
             s.sampled += 1
         prompt_rows = prompts or [None] * len(seqs)
-        self._queued.put(_Step(seqs, [s.sampled for s in seqs]), (tokens, embeds, prompt_rows))
+        self._queued.put(QueuedStep(seqs, [s.sampled for s in seqs]), (tokens, embeds, prompt_rows))
 
     def _read_back(self, keep: int) -> list[Any]:
         """Turn every queued step but the last `keep` into outputs, and end the requests it ends."""
@@ -444,79 +309,9 @@ class ThinkerRunner:
                 rid = seq.request.request_id
                 if self.running.get(rid) is not seq:
                     continue  # ended (its end token was in an earlier step) or aborted since
-                token = tokens[b]
-                seq.generated.append(token)
-                seq.playback.frames += 1
-                if not seq.request.want_audio:
-                    seq.playback.start(self.policy.clock())  # a text answer's first token is out
-                outs.append(TokenOutput(rid, (token,)))
-                reason, error = None, None
-                if token in self.sampler.end_ids:
-                    reason = "stop"
-                elif (error := self.constraints.advance(rid, token)) is not None:
-                    reason = "error"
-                elif q.counts[b] >= seq.max_tokens:
-                    reason = "length"
-                if seq.request.want_audio and seq.talking:
-                    assert embeds is not None
-                    # The talker never speaks a function call: its text ends where one opens (in a
-                    # request that offers functions; without, the text is all said, as written).
-                    seq.talking = token != self.spec.tool_call_id or seq.request.tools is None
-                    final = reason is not None or not seq.talking
-                    outs.append(self._talker_chunk(seq, token, embeds[b : b + 1], final, prompt_rows[b]))
-                if reason is not None:
-                    n = len(seq.generated)
-                    outs.append(StageFinished(rid, "thinker", reason, n, seq.prompt_len, error))
+                embed = None if embeds is None else embeds[b : b + 1]  # [1, H]
+                if self.reader.read(seq, tokens[b], q.counts[b], embed, prompt_rows[b], outs):
                     self.running.pop(rid)
                     self.constraints.drop(rid)
                     self._retire(seq)
         return outs
-
-    def _talker_chunk(
-        self,
-        seq: _Seq,
-        token: int,
-        embed: np.ndarray,
-        final: bool,
-        prompt: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> ThinkerChunk:
-        # The final token is never fed through the thinker, so the talker never sees it (as in
-        # transformers' generate()): the chunk that reports the end carries no token, nor does the one
-        # that ends the talker's text at a function call. A request's first chunk also brings its
-        # prompt.
-        rid = seq.request.request_id
-        ids: tuple[int, ...] = () if final else (token,)
-        embeds = None if final else embed  # [1, H]
-        if prompt is None:
-            return ThinkerChunk(rid, ids, embeds, final)
-        req = seq.request
-        return ThinkerChunk(
-            rid, ids, embeds, final, req.prompt.input_ids, prompt[0].numpy(), prompt[1].numpy(), req
-        )
-
-
-def _waiting_playback(req: GenerationRequest) -> Playback:
-    """A request waiting for its prefill: FIRST, but a prefill-only one (a session's early start,
-    which no one is waiting on yet) is NORMAL."""
-    return Playback(started_at=0.0, stream=False) if req.prefill_only else Playback(stream=req.want_audio)
-
-
-def _image_rows(batch: list[_Pending], t: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A prefill batch's rotary positions [3, B, t] and deepstack inputs (each [B, t, H]): a row
-    without images at its cache positions with no deepstack; the padding repeats its row's last."""
-    rows, stacks = [], []
-    layers = max(len(p.images.deepstack) for p in batch if p.images is not None)
-    for p in batch:
-        n, hidden = p.embeds.shape[1], p.embeds.shape[2]
-        if p.images is None:
-            rope = (p.reuse + torch.arange(n)).expand(3, -1)
-            deepstack = [p.embeds.new_zeros(n, hidden)] * layers
-        else:
-            rope, deepstack = p.images.rope.cpu(), p.images.deepstack
-        rows.append(torch.cat([rope, rope[:, -1:].expand(3, t - n)], dim=1))
-        stacks.append([torch.nn.functional.pad(d, (0, 0, 0, t - n)) for d in deepstack])
-    return torch.stack(rows, dim=1), [torch.stack(layer) for layer in zip(*stacks, strict=True)]
-
-
-def _with_max(s: Any, max_tokens: int) -> Any:
-    return replace(s, max_tokens=max_tokens, min_tokens=min(s.min_tokens, max_tokens))

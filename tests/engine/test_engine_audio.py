@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
 from omnivoice.models.loader import load_model
 from omnivoice.types import AudioPart, ChatMessage, GenerationRequest, Prompt, Sampling, StageStats, TextPart
-from tests.support.engine import collect, tokens_of
+from tests.support.engine import collect, profile_for, started, tokens_of
 from tests.support.polling import until
 from tests.support.reference import reference_generate
 
@@ -33,16 +32,9 @@ def reference_model(tiny_checkpoint: Path):
 
 @pytest.fixture
 async def engine(tiny_checkpoint: Path):
-    stage = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
-    profile = parse_profile(
-        {
-            "model": {"path": str(tiny_checkpoint)},
-            "stages": {"thinker": {**stage, "audio_windows_per_step": 2}, "talker": stage, "code2wav": stage},
-        }
-    )
-    eng = await Engine.start(profile)
-    yield eng
-    await eng.close()
+    profile = profile_for(tiny_checkpoint, max_seq_len=1024, thinker={"audio_windows_per_step": 2})
+    async with started(profile) as eng:
+        yield eng
 
 
 def noise(seconds: float, seed: int) -> np.ndarray:

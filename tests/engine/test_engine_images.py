@@ -20,6 +20,7 @@ from tests.support.engine import (
     collect,
     profile_for,
     request,
+    started,
     tokens_of,
 )
 from tests.support.reference import reference_generate
@@ -27,9 +28,8 @@ from tests.support.reference import reference_generate
 
 @pytest.fixture
 async def engine(tiny_checkpoint: Path):
-    eng = await Engine.start(profile_for(tiny_checkpoint))
-    yield eng
-    await eng.close()
+    async with started(profile_for(tiny_checkpoint)) as eng:
+        yield eng
 
 
 async def test_an_image_prompt_matches_transformers_generate(engine: Engine, tiny_checkpoint: Path) -> None:

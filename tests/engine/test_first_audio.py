@@ -14,36 +14,28 @@ import asyncio
 from contextlib import aclosing
 from pathlib import Path
 
-from omnivoice.config import Profile, parse_profile
+from omnivoice.config import Profile
 from omnivoice.engine.engine import Engine
 from omnivoice.types import AudioChunk, GenerationRequest
-from tests.support.engine import request
+from tests.support.engine import profile_for, request, started
 from tests.support.polling import until
 
 OLD_FRAMES = 400  # 32 s of audio: the older streams are still going when the new one arrives
 
 
 def _profile(checkpoint: Path) -> Profile:
-    stage = {"worker": "thread", "max_seq_len": 512, "max_batch": 4}
-    return parse_profile(
-        {
-            "model": {"path": str(checkpoint)},
-            "stages": {
-                "thinker": stage,
-                "talker": stage,
-                "code2wav": {
-                    **stage,
-                    "max_batch": 1,
-                    "chunk": {"first_frames": 1, "frames": 1, "left_context": 2, "ramp": False},
-                },
-                "priority": {
-                    # AHEAD unless an hour behind real time: every stream that has started
-                    "low_watermark_s": -3601.0,
-                    "high_watermark_s": -3600.0,
-                    "max_yield_ms": 600_000,
-                },
-            },
-        }
+    return profile_for(
+        checkpoint,
+        code2wav={
+            "max_batch": 1,
+            "chunk": {"first_frames": 1, "frames": 1, "left_context": 2, "ramp": False},
+        },
+        priority={
+            # AHEAD unless an hour behind real time: every stream that has started
+            "low_watermark_s": -3601.0,
+            "high_watermark_s": -3600.0,
+            "max_yield_ms": 600_000,
+        },
     )
 
 
@@ -76,11 +68,8 @@ async def _arrival(engine: Engine) -> list[str]:
 async def test_a_new_request_gets_its_first_audio_before_streams_ahead_get_more(
     tiny_checkpoint: Path,
 ) -> None:
-    engine = await Engine.start(_profile(tiny_checkpoint))
-    try:
+    async with started(_profile(tiny_checkpoint)) as engine:
         events = await _arrival(engine)
-    finally:
-        await engine.close()
     # Only what was under way when the request arrived: the chunk Code2Wav (one per step) was
     # decoding, those already on their way to the caller, one a stage stepped before it saw the new
     # request on the board (the new audio itself is the last event). In arrival order the three older

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +30,36 @@ THINKER_TOKENS = 24
 AUDIO_FRAMES = 69  # several 25-frame chunks after the first 4-frame one
 
 
-def profile_for(checkpoint: Path, worker: str = "thread", left_context: int = 25) -> Profile:
-    """Every stage as `worker` on the tiny checkpoint, 4 requests a batch, 512 positions each."""
-    stage = {"worker": worker, "max_seq_len": 512, "max_batch": 4}
-    return parse_profile(
-        {
-            "model": {"path": str(checkpoint)},
-            "stages": {
-                "thinker": stage,
-                "talker": stage,
-                "code2wav": {
-                    **stage,
-                    "chunk": {"first_frames": 4, "frames": 25, "left_context": left_context},
-                },
-            },
-        }
-    )
+def profile_for(
+    checkpoint: Path,
+    worker: str = "thread",
+    left_context: int = 25,
+    max_seq_len: int = 512,
+    **sections: dict[str, Any],
+) -> Profile:
+    """Every stage as `worker` on the tiny checkpoint, 4 requests a batch, `max_seq_len` positions
+    each. `sections`: more keys of a section of `stages` (a stage by its name, or `priority`), which
+    replace those set here."""
+    stage = {"worker": worker, "max_seq_len": max_seq_len, "max_batch": 4}
+    chunk = {"first_frames": 4, "frames": 25, "left_context": left_context}
+    stages: dict[str, dict[str, Any]] = {
+        "thinker": stage,
+        "talker": stage,
+        "code2wav": {**stage, "chunk": chunk},
+    }
+    for name, keys in sections.items():
+        stages[name] = {**stages.get(name, {}), **keys}
+    return parse_profile({"model": {"path": str(checkpoint)}, "stages": stages})
+
+
+@asynccontextmanager
+async def started(profile: Profile) -> AsyncIterator[Engine]:
+    """An engine started on `profile`, closed on the way out."""
+    engine = await Engine.start(profile)
+    try:
+        yield engine
+    finally:
+        await engine.close()
 
 
 def messages(i: int) -> list[ChatMessage]:

@@ -7,7 +7,8 @@ Handlers raise `ProtocolError` for bad input; `handle` turns it into an `error` 
 The input buffer and turn detection are `Turns`' (turns.py); what a turn ends in (a barge-in, a
 response) is decided here. With server VAD, a turn's response may start when the speech pauses, held
 until the silence window confirms the turn (`Speculation`, speculation.py); speech before then, or any
-client event but an audio append (it may change what the response was planned from), drops it.
+client event but an audio append (it may change what the response was planned from), drops it. The
+response in flight, its slot and its end are the `Responder`'s (responding.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
-from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
@@ -32,6 +32,7 @@ from omnivoice.server.session.input_audio import InputBuffer, SpeechPaused, Spee
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.planning import plan_response
 from omnivoice.server.session.prompting import build_prompt
+from omnivoice.server.session.responding import Responder
 from omnivoice.server.session.response import Response
 from omnivoice.server.session.server_events import error, session_object
 from omnivoice.server.session.session_config import SessionSettings
@@ -62,7 +63,6 @@ class Session:
         self.engine = engine
         self.outbox = outbox
         self.profile = profile
-        self._admission = admission
         info = engine.info
         self.settings = SessionSettings(
             voice=info.default_voice, speculative_response=profile.realtime.speculative_response
@@ -83,14 +83,21 @@ class Session:
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
         self.transcriber = Transcriber(session_id, engine, outbox, tokens, self.conversation.featurizing)
-        self.response: Response | None = None
-        self._slot: Slot | None = None
-        self._deferred_truncates: dict[str, float] = {}  # item id -> audio_end_ms
-        self.last_response: Response | None = None
+        self.responses = Responder(session_id, engine, outbox, self.conversation, profile, admission)
         self._warm_task: asyncio.Task[None] | None = None
         stats = speculation if speculation is not None else SpeculationStats()
         self._speculator = Speculator(session_id, engine, admission, stats)  # the response started early
         self._closed = False
+
+    @property
+    def response(self) -> Response | None:
+        """The response in flight."""
+        return self.responses.current
+
+    @property
+    def last_response(self) -> Response | None:
+        """The last response to end."""
+        return self.responses.last
 
     @property
     def busy(self) -> bool:
@@ -146,7 +153,7 @@ class Session:
         elif isinstance(e, p.ResponseCreate):
             self._create_response(e)
         elif isinstance(e, p.ResponseCancel):
-            await self._cancel_response(e)
+            await self.responses.cancel(e)
         elif isinstance(e, p.OutputAudioClear):
             self.outbox.clear_output(self.response.id if self.response else None)
         else:
@@ -176,11 +183,7 @@ class Session:
         elif isinstance(e, p.ItemDelete):
             items.delete(e, conversation, self.outbox, generating)
         elif isinstance(e, p.ItemTruncate):
-            item = items.truncatable(e, conversation)
-            if self.response is not None and item is self.response.item:
-                self._deferred_truncates[item.id] = e.audio_end_ms
-            else:
-                items.apply_truncate(self.outbox, item, e.audio_end_ms)
+            self.responses.truncate(items.truncatable(e, conversation), e.audio_end_ms)
 
     # ---- turns ---------------------------------------------------------------------------------
     async def append_audio(self, pcm: np.ndarray, event_id: str | None = None) -> None:
@@ -265,8 +268,7 @@ class Session:
         and the turn's audio was featurized, and encoded window by window, while it was spoken
         (`append_audio`)."""
         if early is not None:  # only made while no response runs and the turn creates one
-            spec, self._slot = early
-            self._start_response(spec.plan, spec)
+            self.responses.start(early[0].plan, self._out, early)
             return
         td = self.settings.turn_detection
         if not (td and td.create_response):
@@ -274,7 +276,7 @@ class Session:
         if self.response is not None:
             log.info("session %s: turn %s ended while a response runs; no new response", self.id, item.id)
             return
-        self._start_response(self._plan(None, None))
+        self.responses.start(self._plan(None, None), self._out)
 
     # ---- responses -----------------------------------------------------------------------------
     def _plan(self, r: p.ResponseParams | None, event_id: str | None) -> ResponsePlan:
@@ -287,58 +289,7 @@ class Session:
         if self.response is not None:
             message = f"Conversation already has an active response in progress: {self.response.id}."
             raise p.ProtocolError(message, "conversation_already_has_active_response", None, e.event_id)
-        self._start_response(self._plan(e.response, e.event_id))
-
-    def _start_response(self, plan: ResponsePlan, early: Speculation | None = None) -> None:
-        """Start a response to `plan`; `early` is its engine request, started speculatively (its slot
-        already held)."""
-        resampler = self._out
-        if plan.output_format.sample_rate != resampler.out_rate:  # a per-response format override
-            resampler = StreamResampler(self.engine.info.sample_rate, plan.output_format.sample_rate)
-        resampler.reset()
-        response = Response(
-            session_id=self.id,
-            engine=self.engine,
-            outbox=self.outbox,
-            conversation=self.conversation,
-            plan=plan,
-            resampler=resampler,
-            ahead_s=self.profile.realtime.max_audio_ahead_ms / 1000,
-            on_done=self._response_done,
-            early=early,
-        )
-        try:
-            if early is None:
-                self._slot = self._admission.acquire()
-        except APIError as err:  # at the server's request limit, or shutting down: refused at once
-            log.info("session %s: response refused: %s", self.id, err.message)
-            response.refuse(err.type, err.code or "server_error", err.message)
-            return
-        self.response = response
-        response.start()
-
-    def _response_done(self, response: Response) -> None:
-        if self.response is response:
-            self.response = None
-        self.last_response = response
-        self._release_slot()
-        item = response.item
-        if item is not None and item.id in self._deferred_truncates:
-            items.apply_truncate(self.outbox, item, self._deferred_truncates.pop(item.id))
-
-    def _release_slot(self) -> None:
-        if self._slot is not None:
-            self._slot.release()
-            self._slot = None
-
-    async def _cancel_response(self, e: p.ResponseCancel) -> None:
-        r = self.response
-        if r is None or (e.response_id is not None and e.response_id != r.id):
-            what = f"response {e.response_id!r}" if e.response_id else "a response"
-            raise p.ProtocolError(
-                f"Cancellation failed: no active {what} found", "response_cancel_not_active", None, e.event_id
-            )
-        await r.cancel("client_cancelled")
+        self.responses.start(self._plan(e.response, e.event_id), self._out)
 
     async def close(self) -> None:
         """The client left: abort the in-flight response and transcriptions in every stage, free the
