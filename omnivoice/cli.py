@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
 import logging
 import signal
@@ -176,8 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _stacks_on_sigusr1() -> None:
     """`kill -USR1 <pid>` prints every thread's Python stack to stderr (a stuck server or benchmark
     shows where each stage thread waits) and the process goes on."""
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    err = sys.__stderr__  # the process's own stderr (sys.stderr may be replaced, as under pytest)
+    if hasattr(signal, "SIGUSR1") and err is not None:
+        with contextlib.suppress(OSError, ValueError):  # no file descriptor: no dumps
+            faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
 
 
 def _serve(args: argparse.Namespace) -> int:

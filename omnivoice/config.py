@@ -263,6 +263,15 @@ class StagesConfig(_Strict):
         "growth, kernel set-up for new shapes) while users wait. Default (null): on when the thinker "
         "runs on a CUDA device",
     )
+    stuck_after_s: float = Field(
+        120.0,
+        ge=0,
+        description="a stage worker that reports nothing for this long (one step that never ends: a "
+        "GPU kernel that hangs, a wait never met) is stuck: its requests fail, a stage process is "
+        "killed and restarted, a stage thread ends the server for its supervisor (exit code 70); 0: "
+        "never",
+    )
+
     def warms_burst(self) -> bool:
         """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""
         if self.warm_burst is not None:

@@ -30,6 +30,7 @@ from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.request_state import RequestState
 from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.engine.stage import StageCrashed
+from omnivoice.engine.stuck import ProgressWatch, thread_stacks
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.messages import (
@@ -80,6 +81,7 @@ class Engine:
         self._supervisor = Supervisor(profile, model.source)
         self._requests: dict[str, RequestState] = {}
         self._lock = threading.Lock()
+        self._progress = ProgressWatch(profile.stages.stuck_after_s)
         self._reset_routing()
         self._closed = False
         # requests one replica of each stage may hold (running + waiting); more are refused at once
@@ -311,7 +313,12 @@ class Engine:
                 log.exception("engine dispatcher failed on %s", type(msg).__name__)
 
     def _check_workers(self) -> None:
-        dead = [] if self._closed or self.failure else self._pipeline.dead_workers()
+        if self._closed or self.failure:
+            return
+        stuck = self._progress.stuck(time.monotonic())
+        if stuck:
+            self._stuck(*stuck[0])
+        dead = self._pipeline.dead_workers()
         if not dead:
             return
         refusal = self._supervisor.refusal()
@@ -328,6 +335,20 @@ class Engine:
             self._fail(rid, self.failure)
         if restart:
             self._supervisor.restart_in_background(self._pipeline, self._adopt, self._restart_failed)
+
+    def _stuck(self, stage: str, replica: int, silent_s: float) -> None:
+        """A stage worker silent for `silent_s` (see engine/stuck.py): a process is killed (the dead
+        worker is then restarted); a thread cannot be, so its requests fail and the server exits."""
+        reason = f"the {stage} stage made no progress for {silent_s:.0f} s"
+        log.error("%s (replica %d); every thread's stack:\n%s", reason, replica, thread_stacks())
+        if self._pipeline.kill_worker(stage, replica):
+            self._progress.seen(stage, replica, time.monotonic())  # not again while it is found dead
+            return
+        self._supervisor.hold()
+        self.failure = reason
+        for rid in list(self._requests):
+            self._fail(rid, reason)
+        self.on_device_fault(reason)
 
     def _adopt(self, pipeline: Pipeline) -> bool:
         """Serve on the restarted stages; False once the engine is closed (the restart stops them)."""
@@ -348,10 +369,12 @@ class Engine:
             (s, r): StageStats(s, 0, 0, 0, 0, replica=r) for s in STAGES for r in range(p.replicas(s))
         }
         self._router = ReplicaRouter(*(p.replicas(s) for s in STAGES))
+        self._progress.reset(self._stage_stats, time.monotonic())
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, StageStats):
             self._stage_stats[(msg.name, msg.replica)] = msg
+            self._progress.seen(msg.name, msg.replica, time.monotonic())
             return
         if isinstance(msg, StageCrashed):
             self._crashed(msg)

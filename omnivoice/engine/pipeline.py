@@ -177,6 +177,16 @@ class Pipeline:
         dead += [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
         return dead + (self.ray.dead() if self.ray is not None else [])
 
+    def kill_worker(self, stage: str, replica: int) -> bool:
+        """Kill the process or actor of a stage replica (its death is then found like any other);
+        False when that worker is a thread of this process, which cannot be stopped from outside."""
+        for p in self.processes:
+            if p.name == f"omnivoice-{stage}-{replica}":
+                if p.is_alive():
+                    p.kill()
+                return True
+        return self.ray is not None and self.ray.kill(stage, replica)
+
     def replicas(self, stage: StageName) -> int:
         return len(self.inboxes[stage])
 

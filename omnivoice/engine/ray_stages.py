@@ -178,6 +178,14 @@ class RayStages:
                 out.append(f"{name} ({_how_it_ended(ref)})")
         return out
 
+    def kill(self, stage: str, replica: int) -> bool:
+        """Kill the actor of a stage replica (dead() then lists it); False when there is none."""
+        for name, actor, _ in self._actors:
+            if name.endswith(f"-{stage}-{replica}"):
+                ray.kill(actor, no_restart=True)
+                return True
+        return False
+
     def stop(self, timeout: float) -> None:
         """Wait up to `timeout` s for the actors to leave their loops (Shutdown was sent), then kill them."""
         refs = [ref for _, _, ref in self._actors]

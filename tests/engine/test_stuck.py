@@ -1,0 +1,102 @@
+"""A stage worker that stops making progress: its requests fail, a process is killed and restarted, a
+thread ends the server; the log holds every thread's stack."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from omnivoice.engine.engine import RESTARTING, Engine
+from omnivoice.engine.stuck import ProgressWatch, thread_stacks
+from omnivoice.runners.talker import TalkerRunner
+from omnivoice.types import AudioChunk, Finished
+from tests.support.engine import collect, profile_for, request, tokens_of
+from tests.support.polling import until
+
+
+def test_a_worker_is_stuck_once_silent_for_the_limit_and_never_with_zero() -> None:
+    watch = ProgressWatch(10.0)
+    watch.reset([("thinker", 0), ("talker", 0)], now=100.0)
+    watch.seen("thinker", 0, 105.0)
+    watch.seen("code2wav", 0, 105.0)  # not watched (another pipeline's late report)
+    assert watch.stuck(109.0) == []
+    assert watch.stuck(112.0) == [("talker", 0, 12.0)]
+    never = ProgressWatch(0.0)
+    never.reset([("talker", 0)], now=0.0)
+    assert never.stuck(1e6) == []
+
+
+def test_thread_stacks_name_each_thread_and_where_it_is() -> None:
+    parked = threading.Event()
+    t = threading.Thread(target=parked.wait, name="parked-here", daemon=True)
+    t.start()
+    try:
+        text = thread_stacks()
+        assert "thread parked-here" in text and "in wait" in text
+    finally:
+        parked.set()
+
+
+def _stuck_profile(checkpoint: Path, worker: str):
+    data = profile_for(checkpoint, worker=worker).model_dump()
+    data["stages"]["stuck_after_s"] = 3.0
+    return type(profile_for(checkpoint)).model_validate(data)
+
+
+async def test_a_frozen_stage_process_is_killed_and_the_stages_restart(tiny_checkpoint: Path, caplog) -> None:
+    eng = await Engine.start(_stuck_profile(tiny_checkpoint, "process"))
+    try:
+        req = request(eng, 0, thinker_tokens=200, audio_frames=400)
+        outs: list = []
+
+        async def consume() -> None:
+            async for out in eng.generate(req):
+                outs.append(out)
+
+        task = asyncio.create_task(consume())
+        await until(lambda: any(isinstance(o, AudioChunk) for o in outs), what="the first audio")
+        talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
+        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.engine"):
+            os.kill(talker.pid, signal.SIGSTOP)  # alive, but never steps or reports again
+            await asyncio.wait_for(task, 30)
+        assert isinstance(outs[-1], Finished) and outs[-1].finish_reason == "error"
+        assert outs[-1].error == RESTARTING
+        assert any("the talker stage made no progress" in r.message for r in caplog.records)
+        assert any("thread engine-dispatch" in r.message for r in caplog.records)  # the stacks
+        await until(lambda: eng.failure is None, 90, what="the stages restarted")
+        outs, fin = await collect(eng, request(eng, 2, thinker_tokens=4, audio_frames=10))
+        assert fin.finish_reason == "length" and len(tokens_of(outs)) == 4
+    finally:
+        await eng.close()
+
+
+async def test_a_stuck_stage_thread_fails_its_requests_and_ends_the_server(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eng = await Engine.start(_stuck_profile(tiny_checkpoint, "thread"))
+    exits: list[str] = []
+    eng.on_device_fault = exits.append  # instead of ending the test's process
+    release = threading.Event()
+    real_step = TalkerRunner.step
+
+    def hang_once(self, *a, **kw):  # a GPU kernel that never ends cannot be caused on a CPU
+        release.wait(60)
+        return real_step(self, *a, **kw)
+
+    monkeypatch.setattr(TalkerRunner, "step", hang_once)
+    try:
+        _, fin = await asyncio.wait_for(collect(eng, request(eng, 0)), 30)
+        assert fin.finish_reason == "error" and fin.error is not None
+        assert fin.error.startswith("the talker stage made no progress for ")
+        assert exits == [fin.error]
+        with pytest.raises(RuntimeError, match="made no progress"):
+            await collect(eng, request(eng, 1))
+    finally:
+        release.set()
+        await eng.close()
