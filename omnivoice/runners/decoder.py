@@ -157,11 +157,19 @@ class DecoderStack:
         end = max(starts) + t
         if not self._fused_prefill or end > cache.max_len:
             return self.forward(h, cache, slots, starts, keep, lengths)
+        rows_slots, rows_starts = slots, starts
+        if b == 1:
+            # a padding row in the scratch slot: torch.compile specialises one-row batches, so without
+            # it every kind of prompt batch would be compiled twice (a compile takes seconds at start)
+            h = torch.cat([h, h.new_zeros(h.shape)])
+            rows_slots, rows_starts = [*slots, cache.scratch], [*starts, 0]
         device = h.device
-        slot_idx = to_device(slots, device)
-        start_idx = to_device(starts, device)
+        slot_idx = to_device(rows_slots, device)
+        start_idx = to_device(rows_starts, device)
         kv_len = bucket(end, kv_buckets(cache.max_len))  # few compiled shapes
         out, kept = self.forward_indexed(h, cache, slot_idx, start_idx, kv_len, keep)
+        if b == 1:
+            out, kept = out[:1], {k: v[:1] for k, v in kept.items()}
         for slot, start, n in zip(slots, starts, lengths or [t] * b, strict=True):
             cache.lengths[slot] = start + n
         return out, kept
@@ -169,15 +177,15 @@ class DecoderStack:
     def warm_prefill(self, cache: SlotKVCache, dtype: torch.dtype) -> None:
         """Compile the fused layers at prompt shapes before serving, or the first requests would wait
         for it (a compile takes seconds, and a burst whose shape is first met while serving stalls
-        every request in it). torch.compile specialises one-row batches, and the MoE's grouping switches
-        past `fused_layers.SCAN_PAIRS` pairs, so four kinds of prompt batch are run once each: one row
-        and two rows, each below and past the switch. Borrows free slots and gives them back."""
+        every request in it). The MoE's grouping switches past `fused_layers.SCAN_PAIRS` pairs, so two
+        kinds of prompt batch are run once each, below and past the switch (a one-row batch is run as
+        two rows, see `prefill`). Borrows free slots and gives them back."""
         if not self._fused_prefill or not isinstance(self._layer, CompiledFn):
             return
         began = time.perf_counter()
         moes = [w.mlp for w in self._fused if w is not None and isinstance(w.mlp, MoeWeights)]
         past = fused_layers.SCAN_PAIRS // max(m.top_k for m in moes) + 1 if moes else 0  # tokens
-        shapes = [(1, 16), (2, 16), (1, past), (2, -(-past // 2))] if moes else [(1, 16), (2, 16)]
+        shapes = [(2, 16), (2, -(-past // 2))] if moes else [(2, 16)]
         hidden = self.layers[0].input_layernorm.weight.shape[0]
         device = cache.k.device
         for rows, t in shapes:

@@ -208,6 +208,36 @@ def test_a_fused_prefill_gives_what_transformers_modules_give(
                 torch.testing.assert_close(got[:, b, :, real], want[:, b, :, real], rtol=1e-4, atol=1e-4)
 
 
+def test_a_one_row_fused_prefill_runs_as_two_rows_as_the_modules_give(
+    tiny_checkpoint: Path,
+) -> None:
+    """A one-row prompt batch gets a padding row in the scratch slot (one compiled kind serves every
+    batch size): its own outputs, keys and values are the modules', and no other slot is written."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
+    stack, cache = runners[("thinker", 0)].stack, runners[("thinker", 0)].cache
+    hidden = stack.layers[0].input_layernorm.weight.shape[0]
+    h = torch.randn(1, 5, hidden, generator=torch.Generator().manual_seed(5))
+    keep = (0, len(stack.layers))
+    with torch.inference_mode():
+        before = (cache.k.clone(), cache.v.clone())
+        ref, ref_kept = stack.forward(h, cache, [2], [0], keep)
+        ref_cache = (cache.k.clone(), cache.v.clone())
+        cache.k.copy_(before[0])
+        cache.v.copy_(before[1])
+        cache.lengths[:] = [0] * len(cache.lengths)
+        stack.fuse(prefill=True)
+        out, kept = stack.prefill(h, cache, [2], [0], keep)
+    assert out.shape == ref.shape and cache.lengths[2] == 5
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for k in keep:
+        torch.testing.assert_close(kept[k], ref_kept[k], rtol=1e-4, atol=1e-4)
+    for got, want, old in zip((cache.k, cache.v), ref_cache, before, strict=True):
+        torch.testing.assert_close(got[:, 2, :, :5], want[:, 2, :, :5], rtol=1e-4, atol=1e-4)
+        others = [i for i in range(got.shape[1]) if i not in (2, cache.scratch)]
+        assert torch.equal(got[:, others], old[:, others])  # only its slot and the scratch slot written
+
+
 def test_a_prefill_past_the_cache_length_is_refused_not_written_out_of_bounds(tiny_checkpoint: Path) -> None:
     """Padded rows must fit the cache for the fused prefill (an index past it would be a device-side
     fault on a GPU); a batch that does not goes the modules' way, which refuses it with a clear error."""
