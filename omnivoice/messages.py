@@ -77,12 +77,27 @@ class ThinkerChunk:
 
 @dataclass(frozen=True)
 class CodecChunk:
-    """Talker -> code2wav: new codec frames of a request, `finished` on the last one."""
+    """Talker -> code2wav: new codec frames of a request, `finished` on the last one. `made_at`: when
+    the talker read them back; `accepted_at` (on the first): when the talker took the request
+    (monotonic seconds: comparable between the stages of one machine)."""
 
     request_id: str
     frames: Any  # int64 [num_code_groups, n]
     finished: bool
     first: bool = False
+    made_at: float = 0.0
+    accepted_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class FirstAudioTimes:
+    """When a request's way to its first audio passed each stage (monotonic seconds): the talker took
+    it, made the frames of its first chunk, and Code2Wav began and ended that chunk's decode."""
+
+    talker_accepted_at: float
+    frames_made_at: float
+    decode_started_at: float
+    decoded_at: float
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,7 @@ class PcmOutput:
     request_id: str
     index: int
     pcm: Any  # np.ndarray [samples]
+    first_audio: FirstAudioTimes | None = None  # on the first piece
 
 
 @dataclass(frozen=True)

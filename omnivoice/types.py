@@ -194,6 +194,20 @@ class AudioChunk:
     index: int
     pcm: np.ndarray
     sample_rate: int
+    first_audio: FirstAudio | None = None  # on a request's first chunk: where its wait went
+
+
+@dataclass(frozen=True)
+class FirstAudio:
+    """Where a request's time to its first audio went, in ms, stage by stage (they add up to about
+    the whole: the first text token and the talker's start overlap by the thinker's hand-off)."""
+
+    to_first_token_ms: float  # queued, the thinker's prefill and its first token, at the engine
+    to_talker_ms: float  # from the first token until the talker took the request
+    talker_frames_ms: float  # the talker's prefill and the frames of the first chunk
+    to_code2wav_ms: float  # from those frames until Code2Wav began their decode
+    decode_ms: float  # Code2Wav's decode of the first chunk
+    to_engine_ms: float  # from the decode's end until the engine had the audio
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -109,6 +109,8 @@ async def send_one(engine: Engine, request: GenerationRequest) -> RequestRecord:
                     record.first_text = now
             elif isinstance(out, AudioChunk):
                 record.audio_chunks.append((now, len(out.pcm) / out.sample_rate))
+                if out.first_audio is not None:
+                    record.first_audio_ms = asdict(out.first_audio)
             elif isinstance(out, Finished):
                 record.text_tokens = out.usage.completion_tokens
                 if out.finish_reason not in ("stop", "length"):

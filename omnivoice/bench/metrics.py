@@ -30,6 +30,7 @@ class RequestRecord:
     text_tokens: int = 0
     end: float | None = None
     error: str | None = None
+    first_audio_ms: dict[str, float] | None = None  # the engine's breakdown of the wait (types.FirstAudio)
 
     @property
     def ok(self) -> bool:
@@ -120,6 +121,7 @@ class Summary:
     max_stall_ms: float | None
     mean_stall_ms: float | None
     no_audio: int
+    first_audio_ms: dict[str, float] | None = None  # mean of each part of the breakdown, where given
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
@@ -149,4 +151,12 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
         max_stall_ms=1000.0 * max(stalls) if stalls else None,
         mean_stall_ms=1000.0 * sum(stalls) / len(stalls) if stalls else None,
         no_audio=len(ok) - len(with_audio),
+        first_audio_ms=_mean_parts([r.first_audio_ms for r in with_audio if r.first_audio_ms]),
     )
+
+
+def _mean_parts(breakdowns: list[dict[str, float]]) -> dict[str, float] | None:
+    """The mean of each part over the breakdowns, None without any."""
+    if not breakdowns:
+        return None
+    return {k: sum(b[k] for b in breakdowns) / len(breakdowns) for k in breakdowns[0]}

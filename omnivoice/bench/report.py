@@ -71,6 +71,8 @@ def build_report(summary: Summary, **meta: Any) -> dict[str, Any]:
         "text_tokens": summary.text_tokens,
         "requests_without_audio": summary.no_audio,
     }
+    if summary.first_audio_ms is not None:
+        report["mean_first_audio_ms"] = {k: round(v, 1) for k, v in summary.first_audio_ms.items()}
     return report
 
 
@@ -105,6 +107,13 @@ def format_table(report: dict[str, Any]) -> str:
     for title, key in _ROWS:
         cells = "".join(f"{_fmt(report[f'{s}_{key}']):>10}" for s in ("mean", "p50", "p99"))
         lines.append(f"{title:<14}{cells}")
+    parts = report.get("mean_first_audio_ms")
+    if parts:
+        lines.append("")
+        lines.append(
+            "to first audio, mean ms: "
+            + ", ".join(f"{k.removesuffix('_ms')} {v:.0f}" for k, v in parts.items())
+        )
     return "\n".join(lines)
 
 

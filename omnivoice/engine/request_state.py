@@ -13,13 +13,14 @@ import asyncio
 import time
 
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
-from omnivoice.messages import PcmOutput, StageFinished, TokenOutput
+from omnivoice.messages import FirstAudioTimes, PcmOutput, StageFinished, TokenOutput
 from omnivoice.models.tool_calls import ParsedOutput, ToolCallParser
 from omnivoice.types import (
     AudioChunk,
     EngineOutput,
     Finished,
     FinishReason,
+    FirstAudio,
     GenerationRequest,
     TextDelta,
     Usage,
@@ -38,7 +39,9 @@ class RequestState:
         self.talker: StageFinished | None = None
         self.audio: StageFinished | None = None
         self.audio_index = 0
-        self.first_audio_at: float | None = None  # monotonic seconds
+        self.submitted_at = time.monotonic()
+        self.first_token_at: float | None = None  # monotonic seconds
+        self.first_audio_at: float | None = None
         self.audio_s = 0.0  # seconds of audio received
         self.done = False
         self.parser = ToolCallParser(request.request_id) if request.tools else None
@@ -48,6 +51,8 @@ class RequestState:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
     def on_tokens(self, msg: TokenOutput) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
         text = self.detok.add(msg.token_ids)
         if self.parser is None:
             self.emit(TextDelta(msg.request_id, msg.token_ids, text))
@@ -69,13 +74,27 @@ class RequestState:
 
     def on_pcm(self, msg: PcmOutput, sample_rate: int) -> bool:
         """Hand on a piece of audio; True if it is the request's first."""
-        self.emit(AudioChunk(msg.request_id, self.audio_index, msg.pcm, sample_rate))
-        self.audio_index += 1
-        self.audio_s += len(msg.pcm) / sample_rate
         first = self.first_audio_at is None
         if first:
             self.first_audio_at = time.monotonic()
+        breakdown = self._first_audio(msg.first_audio) if first and msg.first_audio is not None else None
+        self.emit(AudioChunk(msg.request_id, self.audio_index, msg.pcm, sample_rate, breakdown))
+        self.audio_index += 1
+        self.audio_s += len(msg.pcm) / sample_rate
         return first
+
+    def _first_audio(self, times: FirstAudioTimes) -> FirstAudio:
+        """The stages' share of the wait for the first audio (their clocks: this machine's)."""
+        token_at = self.first_token_at if self.first_token_at is not None else times.talker_accepted_at
+        arrived = self.first_audio_at if self.first_audio_at is not None else times.decoded_at
+        return FirstAudio(
+            to_first_token_ms=1e3 * (token_at - self.submitted_at),
+            to_talker_ms=1e3 * (times.talker_accepted_at - token_at),
+            talker_frames_ms=1e3 * (times.frames_made_at - times.talker_accepted_at),
+            to_code2wav_ms=1e3 * (times.decode_started_at - times.frames_made_at),
+            decode_ms=1e3 * (times.decoded_at - times.decode_started_at),
+            to_engine_ms=1e3 * (arrived - times.decoded_at),
+        )
 
     def slack(self, now: float) -> float | None:
         """Seconds of audio received ahead of real time since the first (a player started then has

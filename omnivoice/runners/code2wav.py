@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from omnivoice.config import ChunkConfig, PriorityConfig, StageConfig
-from omnivoice.messages import CodecChunk, PcmOutput, StageFinished
+from omnivoice.messages import CodecChunk, FirstAudioTimes, PcmOutput, StageFinished
 from omnivoice.runners.chunking import chunk_frames, window_lengths
 from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
@@ -40,6 +40,8 @@ class _Stream:
     finished: bool = False
     codes: np.ndarray | None = None
     playback: Playback = field(default_factory=Playback)  # started at its first chunk; frames decoded
+    accepted_at: float = 0.0  # monotonic: when the talker took the request
+    window_made_at: float = 0.0  # when the talker made the frame that completed its first chunk
 
     def all_codes(self) -> np.ndarray:
         if self.frames:
@@ -106,8 +108,13 @@ class Code2WavRunner:
         if st is None:
             st = self.streams[msg.request_id] = _Stream()
         frames = np.asarray(msg.frames)
+        if msg.first:
+            st.accepted_at = msg.accepted_at
         if frames.shape[1]:
             st.frames.append(frames)
+            first_chunk = chunk_frames(self.chunk, 0)
+            if st.total < first_chunk <= st.total + frames.shape[1]:
+                st.window_made_at = msg.made_at
             st.total += frames.shape[1]
         st.finished = st.finished or msg.finished
         return []
@@ -171,15 +178,20 @@ class Code2WavRunner:
         return outs
 
     def _decode(self, chunks: list[tuple[str, _Stream, int, int]]) -> list[Any]:
+        began = time.monotonic()
         wavs = self.vocoder([st.all_codes()[:, start:end] for _, st, start, end in chunks])  # [samples]
+        done = time.monotonic()
         outs: list[Any] = []
         for (rid, st, start, end), wav in zip(chunks, wavs, strict=True):
             window_end = start * self.upsample + wav.shape[0]  # absolute sample where this decode stops
             pcm = wav[st.emitted - start * self.upsample :]
             st.emitted = window_end
             st.decoded_to = end
+            first = None
+            if st.chunks == 0:
+                first = FirstAudioTimes(st.accepted_at, st.window_made_at or done, began, done)
             st.chunks += 1
-            outs.append(PcmOutput(rid, st.chunks - 1, pcm.copy()))
+            outs.append(PcmOutput(rid, st.chunks - 1, pcm.copy(), first))
             st.playback.start(self.policy.clock())
             st.playback.frames = end
             if st.finished and st.decoded_to >= st.total:

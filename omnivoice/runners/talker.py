@@ -58,6 +58,7 @@ class _Seq:
     # a prompt with images: the rotary positions of the talker's prompt [3, >= P] and the shift after it
     rope: torch.Tensor | None = None
     rope_delta: int = 0
+    accepted_at: float = 0.0  # monotonic: when its first text arrived
 
     def ready(self) -> bool:
         if self.slot < 0:
@@ -211,7 +212,9 @@ class TalkerRunner:
 
     def _new_seq(self, msg: ThinkerChunk, request: GenerationRequest) -> _Seq:
         user_part, role_embeds = self.talker_inputs.user_part(msg)
-        seq = _Seq(request=request, user_part=user_part, role_embeds=role_embeds)
+        seq = _Seq(
+            request=request, user_part=user_part, role_embeds=role_embeds, accepted_at=time.monotonic()
+        )
         if request.prompt.image_grids:
             seq.rope, seq.rope_delta = self.talker_inputs.rope(
                 request.prompt.input_ids, request.prompt.image_grids
@@ -328,6 +331,7 @@ class TalkerRunner:
         outs: list[Any] = []
         for q, results in self._queued.take(keep):
             out = results.numpy()
+            made = time.monotonic()
             for b, s in enumerate(q.seqs):
                 rid = s.request.request_id
                 if self.seqs.get(rid) is not s:
@@ -335,7 +339,9 @@ class TalkerRunner:
                 if q.has_frames:
                     s.frames += 1
                     s.playback.frames = s.frames
-                    outs.append(CodecChunk(rid, out[b, :-1, None].copy(), False, first=s.frames == 1))
+                    first = s.frames == 1
+                    accepted = s.accepted_at if first else 0.0
+                    outs.append(CodecChunk(rid, out[b, :-1, None].copy(), False, first, made, accepted))
                 token = int(out[b, -1])
                 reason = None
                 if token in self.sampler.end_ids:

@@ -39,6 +39,16 @@ def test_cli_reports_engine_and_transformers_baseline(tiny_checkpoint: Path, tmp
     assert report["audio_s_per_s"] > 0 and report["mean_ttft_ms"] <= report["mean_ttfp_ms"]
     assert {s["name"] for s in report["stages"]} == {"thinker", "talker", "code2wav"}
     assert all(s["steps"] > 0 and s["busy_s"] > 0 for s in report["stages"])
+    parts = report["mean_first_audio_ms"]  # where the wait for the first audio went, stage by stage
+    assert set(parts) == {
+        "to_first_token_ms",
+        "to_talker_ms",
+        "talker_frames_ms",
+        "to_code2wav_ms",
+        "decode_ms",
+        "to_engine_ms",
+    }
+    assert parts["talker_frames_ms"] > 0 and parts["decode_ms"] > 0
     base = report["baseline"]
     assert base["engine"].startswith("transformers") and base["concurrency"] == 1
     assert base["requests"] == 1 and base["errors"] == 0 and base["text_tokens"] == 6
