@@ -66,6 +66,12 @@ class ChunkConfig(_Strict):
         description="double the chunk size after the first (4, 8, 16, 25, 25...) so the second chunk "
         "arrives before the first has played out; false: first_frames, then frames",
     )
+    catch_up: bool = Field(
+        True,
+        description="decode the frames that have come (at least first_frames) instead of waiting for "
+        "the whole chunk when, at the rate the stream's frames arrive, the rest would come after its "
+        "playback ran dry",
+    )
 
 
 class StageConfig(_Strict):

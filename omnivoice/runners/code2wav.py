@@ -41,6 +41,7 @@ class _Stream:
     codes: np.ndarray | None = None
     playback: Playback = field(default_factory=Playback)  # started at its first chunk; frames decoded
     accepted_at: float = 0.0  # monotonic: when the talker took the request
+    first_frame_at: float | None = None  # monotonic: when its first frame arrived (the arrival rate)
     window_made_at: float = 0.0  # when the talker made the frame that completed its first chunk
 
     def all_codes(self) -> np.ndarray:
@@ -79,6 +80,7 @@ class Code2WavRunner:
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
+        self._step_s = 0.0  # moving average of a decode step's time
         if device.type == "cuda":
             with cudnn_autotuning():  # the fused kernels' first decode included
                 if cfg.compile:
@@ -111,6 +113,8 @@ class Code2WavRunner:
         if msg.first:
             st.accepted_at = msg.accepted_at
         if frames.shape[1]:
+            if st.first_frame_at is None:
+                st.first_frame_at = self.policy.clock()
             st.frames.append(frames)
             first_chunk = chunk_frames(self.chunk, 0)
             if st.total < first_chunk <= st.total + frames.shape[1]:
@@ -125,11 +129,27 @@ class Code2WavRunner:
     def _target(self, st: _Stream) -> int:
         """End frame of the next chunk, or 0 if it cannot be decoded yet."""
         size = chunk_frames(self.chunk, st.chunks)
-        if st.total - st.decoded_to >= size:
+        pending = st.total - st.decoded_to
+        if pending >= size:
             return st.decoded_to + size
         if st.finished:
             return st.total if st.total > st.decoded_to else -1  # -1: finished, nothing left
+        if self.chunk.catch_up and pending >= self.chunk.first_frames and self._late(st, size - pending):
+            return st.total
         return 0
+
+    def _late(self, st: _Stream, missing: int) -> bool:
+        """Whether `missing` more frames, arriving at the rate the stream's frames have so far, would
+        complete its chunk only after its playback has run dry (a decode step's time to spare)."""
+        if st.playback.started_at is None or st.first_frame_at is None:
+            return False
+        now = self.policy.clock()
+        elapsed = now - st.first_frame_at
+        if elapsed <= 0:
+            return False
+        rate = st.total / elapsed  # frames per second
+        slack = st.playback.frames * self.policy.frame_s - (now - st.playback.started_at)
+        return slack - 2 * self._step_s < missing / rate
 
     def has_work(self) -> bool:
         return any(self._target(st) != 0 for st in self.streams.values())
@@ -172,7 +192,9 @@ class Code2WavRunner:
             # never waits behind a batch of long ones, and its audio leaves as soon as its own small
             # forward is done; a stream about to run dry goes before it.
             chunks = windows[min(windows, key=lambda n: (ranks[n], n))]
+            began = time.monotonic()
             outs += self._decode(chunks)
+            self._step_s += 0.2 * (time.monotonic() - began - self._step_s)
             self._last_batch = len(chunks)
         self._steps += 1
         return outs

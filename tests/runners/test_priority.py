@@ -136,3 +136,21 @@ def test_a_stream_about_to_run_dry_goes_before_a_first_chunk(code2wav: Any) -> N
     assert runner.urgency() == Priority.DRY
     assert _decoded(runner) == ["a"]
     assert _decoded(runner) == ["new"]
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+def test_a_chunk_that_would_come_after_playback_ran_dry_goes_out_short(code2wav: Any, catch_up: bool) -> None:
+    clock = Clock()
+    chunk = ChunkConfig(first_frames=4, frames=25, left_context=4, catch_up=catch_up)  # 4, 8, 16, 25...
+    runner = Code2WavRunner(code2wav, Code2WavStage(max_batch=1), chunk, torch.device("cpu"), frame_s=FRAME_S)
+    runner.policy.clock = clock
+    runner.accept(CodecChunk("a", _frames(4), False))
+    assert _decoded(runner) == ["a"]  # 0.32 s of audio, playing from now
+    clock.now += 0.1
+    runner.accept(CodecChunk("a", _frames(5), False))  # 5 of the second chunk's 8, arriving fast
+    assert not runner.has_work()  # the other 3 come well before the first chunk has played
+    clock.now += 0.2  # the frames came slowly after all: 0.02 s of the first chunk left to play
+    assert runner.has_work() == catch_up
+    if catch_up:
+        (pcm,) = [o for o in runner.step() if isinstance(o, PcmOutput)]
+        assert len(pcm.pcm) == 5 * runner.upsample  # what had come, without waiting for the rest
