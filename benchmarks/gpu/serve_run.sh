@@ -11,6 +11,7 @@
 #   SPEC1=both SPEC=on   speculative responses on and off for one session, on (the default) for more
 #   TOKENS=64 FRAMES=240 each answer's text tokens and audio frames
 #   CHAT="32"            chat concurrencies, each run with the same speech as input_audio and as text only
+#   TWILIO="32"          session counts run again as Twilio calls (u-law 8 kHz), after the realtime ones
 #   PROFILE=configs/h200-dummy.yaml  the served profile
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -48,6 +49,14 @@ for n in ${SESSIONS:-1 32}; do
         --audio-frames ${FRAMES:-240} --quiet --output-json "$OUT/r/rt-s$n.json" > "$OUT/r/rt-s$n.log" 2>&1
     tail -14 "$OUT/r/rt-s$n.log"
     python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics-s$n.txt"
+    pack
+done
+for n in ${TWILIO:-}; do
+    timeout ${TB:-200} python3 -m omnivoice bench realtime --transport twilio --sessions "$n" --turns ${TURNS:-2} \
+        --warmups 1 --speculative ${SPEC:-on} --ramp-s ${RAMP:-4} --speech-wav .speech/utt.wav \
+        --max-output-tokens ${TOKENS:-64} --audio-frames ${FRAMES:-240} --quiet \
+        --output-json "$OUT/r/twilio-s$n.json" > "$OUT/r/twilio-s$n.log" 2>&1
+    tail -14 "$OUT/r/twilio-s$n.log"
     pack
 done
 python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8000/metrics").read().decode())' > "$OUT/r/metrics.txt"
