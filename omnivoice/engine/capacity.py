@@ -9,7 +9,9 @@ usual cost) and reports it with its stats. `stage_streams` fits
 to what one worker measured (least squares over the sizes it has seen; from one size alone, a line
 through the origin, the cautious reading until larger batches have been seen) and finds the largest
 batch whose step still fits the stage's budget: the audio one step makes for each request (a frame
-of text for the thinker, a frame for the talker, a chunk for Code2Wav) times the headroom. The
+of text for the thinker, a frame for the talker, a chunk for Code2Wav) times the headroom, and at
+most twice the widest batch measured (the line is not trusted further: the figure grows as wider
+batches are served and measured). The
 engine's capacity is the smallest over its stages (`engine_capacity`); the server refuses a stream
 that would go past it, and any new stream while an admitted one has already run dry.
 """
@@ -29,6 +31,9 @@ RECENT = 32  # steps of each batch size whose median is its step time
 # (a kernel compiled for its shape) that the median of three already leaves out
 MIN_SIZE_STEPS = 3
 MAX_WEIGHT = 200  # steps of one size counted in a fit at most: a common size must not drown the rest
+# the fit is trusted up to this many times the widest batch it has measured: past that a step can cost
+# more than the line says (processes contending for a few cores, a GPU out of parallel work)
+TRUST_FACTOR = 2
 
 
 class StepTimes:
@@ -81,9 +86,10 @@ def stage_streams(
     room = budget_s * cfg.headroom - base
     if room < 0:
         return 0
+    trusted = min(cap, TRUST_FACTOR * max(b for b, _, n in times if n >= MIN_SIZE_STEPS))
     if per <= 0:
-        return cap
-    return min(cap, math.floor(room / per + 1e-9))  # 1e-9: a budget met exactly is met
+        return trusted
+    return min(trusted, math.floor(room / per + 1e-9))  # 1e-9: a budget met exactly is met
 
 
 def engine_capacity(

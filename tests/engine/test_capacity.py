@@ -52,7 +52,9 @@ def test_the_fit_recovers_base_and_per_request_cost() -> None:
 
 def test_a_stage_fits_as_many_requests_as_its_budget_allows() -> None:
     # 10 ms + 5 ms a request against 64 ms (80 ms x 0.8): 10 requests
-    assert stage_streams(_times((0.010, 0.005), [1, 2, 4]), FRAME_S, CFG, cap=64) == 10
+    assert stage_streams(_times((0.010, 0.005), [1, 2, 4, 8]), FRAME_S, CFG, cap=64) == 10
+    # ...but measured up to 4 requests a step only: the line is trusted up to twice that
+    assert stage_streams(_times((0.010, 0.005), [1, 2, 4]), FRAME_S, CFG, cap=64) == 8
     # flat on a GPU: the fixed cap bounds it
     assert stage_streams(_times((0.012, 0.0), [1, 8, 32]), FRAME_S, CFG, cap=40) == 40
     # a step over budget even alone: no stream can be served in real time
@@ -65,7 +67,7 @@ def test_a_stage_fits_as_many_requests_as_its_budget_allows() -> None:
 
 def test_the_engine_takes_its_tightest_stage_and_adds_up_replicas() -> None:
     def worker(name: str, line: tuple[float, float], replica: int = 0, steps: int = 20) -> StageStats:
-        return StageStats(name, 0, 0, 0, 0, replica=replica, step_times=_times(line, [1, 2, 4], steps))
+        return StageStats(name, 0, 0, 0, 0, replica=replica, step_times=_times(line, [1, 2, 4, 128], steps))
 
     workers = [
         worker("thinker", (0.005, 0.001)),  # (64 - 5) / 1 ms: 59
