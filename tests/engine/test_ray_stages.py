@@ -32,6 +32,8 @@ def _cpu_ray(checkpoint: Path, worker: str = "ray", replicas: int = 2) -> dict:
         data["stages"][stage]["worker"] = worker
     for stage in ("talker", "code2wav"):
         data["stages"][stage]["replicas"] = replicas
+    # chunks keep their sizes: where they end must not depend on the machine's speed
+    data["stages"]["code2wav"].setdefault("chunk", {})["catch_up"] = False
     return data
 
 

@@ -39,9 +39,10 @@ def profile_for(
 ) -> Profile:
     """Every stage as `worker` on the tiny checkpoint, 4 requests a batch, `max_seq_len` positions
     each. `sections`: more keys of a section of `stages` (a stage by its name, or `priority`), which
-    replace those set here."""
+    replace those set here. Chunks keep their sizes (no `catch_up`): where a stream's chunks end then
+    does not depend on how fast a loaded test machine runs, so runs can be compared sample by sample."""
     stage = {"worker": worker, "max_seq_len": max_seq_len, "max_batch": 4}
-    chunk = {"first_frames": 4, "frames": 25, "left_context": left_context}
+    chunk = {"first_frames": 4, "frames": 25, "left_context": left_context, "catch_up": False}
     stages: dict[str, dict[str, Any]] = {
         "thinker": stage,
         "talker": stage,
