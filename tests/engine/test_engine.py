@@ -22,6 +22,7 @@ from tests.support.engine import (
     collect,
     profile_for,
     request,
+    streaming,
     tokens_of,
     wait_idle,
 )
@@ -175,15 +176,7 @@ async def test_a_killed_stage_process_fails_its_requests_and_the_stages_restart_
     shm_before = {n for n in os.listdir("/dev/shm") if n.startswith("psm_")}
     eng = await Engine.start(profile_for(tiny_checkpoint, worker="process"))
     try:
-        req = request(eng, 0, thinker_tokens=200, audio_frames=400)
-        outs: list = []
-
-        async def consume() -> None:
-            async for out in eng.generate(req):
-                outs.append(out)
-
-        task = asyncio.create_task(consume())
-        await until(lambda: any(isinstance(o, AudioChunk) for o in outs), what="the first audio")
+        task, outs = await streaming(eng, request(eng, 0, thinker_tokens=200, audio_frames=400))
         talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
         os.kill(talker.pid, signal.SIGKILL)
         await asyncio.wait_for(task, 10)

@@ -15,8 +15,8 @@ import pytest
 from omnivoice.engine.engine import RESTARTING, Engine
 from omnivoice.engine.stuck import ProgressWatch, thread_stacks
 from omnivoice.runners.talker import TalkerRunner
-from omnivoice.types import AudioChunk, Finished
-from tests.support.engine import collect, profile_for, request, tokens_of
+from omnivoice.types import Finished
+from tests.support.engine import collect, profile_for, request, streaming, tokens_of
 from tests.support.polling import until
 
 
@@ -52,15 +52,7 @@ def _stuck_profile(checkpoint: Path, worker: str):
 async def test_a_frozen_stage_process_is_killed_and_the_stages_restart(tiny_checkpoint: Path, caplog) -> None:
     eng = await Engine.start(_stuck_profile(tiny_checkpoint, "process"))
     try:
-        req = request(eng, 0, thinker_tokens=200, audio_frames=400)
-        outs: list = []
-
-        async def consume() -> None:
-            async for out in eng.generate(req):
-                outs.append(out)
-
-        task = asyncio.create_task(consume())
-        await until(lambda: any(isinstance(o, AudioChunk) for o in outs), what="the first audio")
+        task, outs = await streaming(eng, request(eng, 0, thinker_tokens=200, audio_frames=400))
         talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
         with caplog.at_level(logging.ERROR, logger="omnivoice.engine.engine"):
             os.kill(talker.pid, signal.SIGSTOP)  # alive, but never steps or reports again

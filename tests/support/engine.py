@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -117,3 +118,17 @@ async def wait_idle(engine: Engine, timeout: float = 5.0) -> None:
         await until(idle, timeout, what="the engine going idle")
     except AssertionError as e:
         raise AssertionError(f"{e}: {engine.stats()}") from None
+
+
+async def streaming(engine: Engine, req: GenerationRequest) -> tuple[asyncio.Task[None], list[EngineOutput]]:
+    """`req` consumed in a task of its own, returned once its first audio has come: the task, and the
+    list its outputs are appended to (a fault can then be caused mid-answer)."""
+    outs: list[EngineOutput] = []
+
+    async def consume() -> None:
+        async for out in engine.generate(req):
+            outs.append(out)
+
+    task = asyncio.create_task(consume())
+    await until(lambda: any(isinstance(o, AudioChunk) for o in outs), what="the first audio")
+    return task, outs
