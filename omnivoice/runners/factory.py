@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,9 @@ class RunnerFactory:
     """The loaded checkpoint (or dummy model) of the stages one worker host serves, and their runners.
 
     Replicas on one device share that device's copy of the weights (thread workers); a replica on
-    another device gets its own copy. `build` may be called from several threads at once, one per
-    stage: a runner's CUDA graphs are then captured by the thread that replays them (its own cuBLAS
-    handle, so its own workspaces).
+    another device gets its own copy. Each stage thread calls `build` for its own runner, one stage
+    after the other (engine/stage_thread.py): a runner's CUDA graphs are then captured by the thread that
+    replays them (its own cuBLAS handle, so its own workspaces).
     """
 
     def __init__(self, profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]) -> None:
@@ -62,7 +61,6 @@ class RunnerFactory:
         # the thinker compiles grammars against the served tokenizer
         self.tokenizer = _tokenizer(profile, path) if any(s == "thinker" for s, _ in only) else None
         self._placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
-        self._lock = threading.Lock()
 
     def build(self, name: StageName, replica: int) -> Any:
         """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled)."""
@@ -71,8 +69,7 @@ class RunnerFactory:
         dtype = _DTYPES[cfg.dtype]
 
         def part(attr: str) -> Any:
-            with self._lock:
-                return self._part(attr, device, dtype)
+            return self._part(attr, device, dtype)
 
         began = time.perf_counter()
         runner = _runner(name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer)
@@ -81,11 +78,10 @@ class RunnerFactory:
 
     def _tts_embeds(self) -> torch.Tensor:
         """The thinker's embeddings of the TTS bos, eos and pad tokens [3, H], which the talker's prompts
-        use (read under the lock: the thinker's stage may be moving those weights to its device)."""
-        with self._lock:
-            special = torch.tensor([self.spec.tts_bos_id, self.spec.tts_eos_id, self.spec.tts_pad_id])
-            embed = self.model.thinker.get_input_embeddings()
-            return embed(special.to(embed.weight.device)).detach()
+        use."""
+        special = torch.tensor([self.spec.tts_bos_id, self.spec.tts_eos_id, self.spec.tts_pad_id])
+        embed = self.model.thinker.get_input_embeddings()
+        return embed(special.to(embed.weight.device)).detach()
 
     def _part(self, attr: str, device: torch.device, dtype: torch.dtype) -> Any:
         key = (attr, str(device))
