@@ -80,7 +80,7 @@ class Code2WavRunner:
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
-        self._step_s = 0.0  # moving average of a decode step's time
+        self._step_s = 0.0  # moving average of a decode's time
         if device.type == "cuda":
             with cudnn_autotuning():  # the fused kernels' first decode included
                 if cfg.compile:
@@ -116,8 +116,7 @@ class Code2WavRunner:
             if st.first_frame_at is None:
                 st.first_frame_at = self.policy.clock()
             st.frames.append(frames)
-            first_chunk = chunk_frames(self.chunk, 0)
-            if st.total < first_chunk <= st.total + frames.shape[1]:
+            if st.total < self.chunk.first_frames <= st.total + frames.shape[1]:
                 st.window_made_at = msg.made_at
             st.total += frames.shape[1]
         st.finished = st.finished or msg.finished
@@ -192,9 +191,7 @@ class Code2WavRunner:
             # never waits behind a batch of long ones, and its audio leaves as soon as its own small
             # forward is done; a stream about to run dry goes before it.
             chunks = windows[min(windows, key=lambda n: (ranks[n], n))]
-            began = time.monotonic()
             outs += self._decode(chunks)
-            self._step_s += 0.2 * (time.monotonic() - began - self._step_s)
             self._last_batch = len(chunks)
         self._steps += 1
         return outs
@@ -203,6 +200,7 @@ class Code2WavRunner:
         began = time.monotonic()
         wavs = self.vocoder([st.all_codes()[:, start:end] for _, st, start, end in chunks])  # [samples]
         done = time.monotonic()
+        self._step_s += 0.2 * (done - began - self._step_s)
         outs: list[Any] = []
         for (rid, st, start, end), wav in zip(chunks, wavs, strict=True):
             window_end = start * self.upsample + wav.shape[0]  # absolute sample where this decode stops
