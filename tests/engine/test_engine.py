@@ -9,11 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import RESTARTING, STOPPED, Engine
-from omnivoice.models.loader import load_model
 from omnivoice.types import TALKER_PROMPT_EXTRA, AudioChunk, ChatMessage, Finished, TextPart
 from tests.support.engine import (
     AUDIO_FRAMES,
@@ -28,12 +26,6 @@ from tests.support.engine import (
 )
 from tests.support.polling import until
 from tests.support.reference import reference_generate
-
-
-@pytest.fixture(scope="module")
-def reference_model(tiny_checkpoint: Path):
-    torch.set_num_threads(1)
-    return load_model(tiny_checkpoint)
 
 
 @pytest.fixture

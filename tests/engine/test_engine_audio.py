@@ -11,10 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from omnivoice.engine.engine import Engine
-from omnivoice.models.loader import load_model
 from omnivoice.types import AudioPart, ChatMessage, GenerationRequest, Prompt, Sampling, StageStats, TextPart
 from tests.support.engine import collect, profile_for, started, tokens_of
 from tests.support.polling import until
@@ -22,12 +20,6 @@ from tests.support.reference import reference_generate
 
 TOKENS = 8
 RATE = 16000
-
-
-@pytest.fixture(scope="module")
-def reference_model(tiny_checkpoint: Path):
-    torch.set_num_threads(1)
-    return load_model(tiny_checkpoint)
 
 
 @pytest.fixture

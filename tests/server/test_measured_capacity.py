@@ -18,6 +18,7 @@ import websockets
 
 from omnivoice.runners.talker import TalkerRunner
 from tests.support.polling import until
+from tests.support.realtime_client import ask_text, audio_until_done
 from tests.support.serve import ServerThread, serve_tiny
 
 SLOW_S = 0.05  # per request in a talker step: 2 streams need 100 ms a frame, over the 80 ms of audio
@@ -47,23 +48,6 @@ def server(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[S
         yield st
 
 
-async def _ask(ws: Any) -> None:
-    await ws.send(json.dumps({"type": "session.update", "session": SESSION}))
-    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-    await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-    await ws.send(json.dumps({"type": "response.create"}))
-
-
-async def _audio_until_done(ws: Any, audio: int = 0) -> tuple[int, dict[str, Any]]:
-    while True:
-        event = json.loads(await ws.recv())
-        assert event["type"] != "error", event
-        if event["type"] == "response.output_audio.delta":
-            audio += len(base64.b64decode(event["delta"]))
-        elif event["type"] == "response.done":
-            return audio, event["response"]
-
-
 async def test_a_slowed_stage_refuses_the_next_session_while_the_admitted_one_streams(
     server: ServerThread,
 ) -> None:
@@ -75,7 +59,7 @@ async def test_a_slowed_stage_refuses_the_next_session_while_the_admitted_one_st
         return cap is not None and (dict(cap.stages)["talker"] is not None or cap.stalled)
 
     async with websockets.connect(url, max_size=None) as admitted:
-        await _ask(admitted)
+        await ask_text(admitted, SESSION)
         audio = 0
         while not measured():  # the talker's steps while it speaks are what is measured
             event = json.loads(await admitted.recv())
@@ -92,12 +76,12 @@ async def test_a_slowed_stage_refuses_the_next_session_while_the_admitted_one_st
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as c:
             r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
             assert r.status_code == 503 and r.json()["error"]["code"] == "server_overloaded", r.text
-        audio, done = await _audio_until_done(admitted, audio)
+        audio, done = await audio_until_done(admitted, audio)
         assert done["status"] in ("completed", "incomplete"), done  # incomplete: at max_output_tokens
         assert audio >= (FRAMES - 1) * 1920 * 2  # every frame of it (pcm16 at 24 kHz, 80 ms a frame)
     state = server.server.config.app.state  # type: ignore[attr-defined]
     await until(lambda: state.admission.streams == 0, 10, "the admitted session's stream given back")
     async with websockets.connect(url, max_size=None) as again:  # nothing promised: admitted again
-        await _ask(again)
-        audio, done = await _audio_until_done(again)
+        await ask_text(again, SESSION)
+        audio, done = await audio_until_done(again)
         assert audio > 0

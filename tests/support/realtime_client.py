@@ -95,15 +95,25 @@ async def text_turn(url: str, session: dict[str, Any]) -> tuple[int, dict[str, A
     """One turn over a raw `/v1/realtime` WebSocket at `url`: apply `session`, say "hi" as text, ask for a
     response; the bytes of audio it streamed and its `response.done` object. An `error` event fails."""
     async with websockets.connect(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "session.update", "session": session}))
-        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-        await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
-        await ws.send(json.dumps({"type": "response.create"}))
-        audio = 0
-        while True:
-            event = json.loads(await ws.recv())
-            assert event["type"] != "error", event
-            if event["type"] == "response.output_audio.delta":
-                audio += len(base64.b64decode(event["delta"]))
-            elif event["type"] == "response.done":
-                return audio, event["response"]
+        await ask_text(ws, session)
+        return await audio_until_done(ws)
+
+
+async def ask_text(ws: Any, session: dict[str, Any]) -> None:
+    """On a raw `/v1/realtime` WebSocket: apply `session`, say "hi" as text and ask for a response."""
+    await ws.send(json.dumps({"type": "session.update", "session": session}))
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+    await ws.send(json.dumps({"type": "response.create"}))
+
+
+async def audio_until_done(ws: Any, audio: int = 0) -> tuple[int, dict[str, Any]]:
+    """Read a raw WebSocket's events to the next `response.done`: `audio` plus the bytes of audio
+    streamed meanwhile, and the `response.done` object. An `error` event fails."""
+    while True:
+        event = json.loads(await ws.recv())
+        assert event["type"] != "error", event
+        if event["type"] == "response.output_audio.delta":
+            audio += len(base64.b64decode(event["delta"]))
+        elif event["type"] == "response.done":
+            return audio, event["response"]
