@@ -4,7 +4,8 @@ The thinker, talker and code2wav runners of a profile are built once (with `exec
 their graphs are captured at build). The same greedy requests then run through them twice, graphs off
 and on, driven by one deterministic synchronous loop, so both runs batch the same rows in the same
 order and any difference comes from the graphs alone. Text token ids and codec frames are compared
-exactly, and so is the streamed PCM (`--pcm-atol` allows a tolerance).
+exactly, and so is the streamed PCM (`--pcm-atol` allows a tolerance); chunks keep their configured
+sizes (no `catch_up`), so timing cannot move their boundaries.
 
     omnivoice bench parity --profile configs/h200-dummy.yaml --requests 4 --text-tokens 64 --audio-frames 120
 """
@@ -176,13 +177,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"omnivoice bench parity: {e}", file=sys.stderr)
         return 2
     stages = profile.stages
-    greedy = {
+    fixed = {
         name: stages.stage(name).model_copy(
             update={"sampling": stages.stage(name).sampling.model_copy(update={"temperature": 0.0})}
         )
         for name in ("thinker", "talker")
     }
-    profile = profile.model_copy(update={"stages": stages.model_copy(update=greedy)})
+    # Chunk boundaries must not depend on timing: catch_up cuts a chunk short when its frames come
+    # slowly, and a chunk decoded with other boundaries gives other float rounding at its edges.
+    code2wav_cfg = stages.code2wav
+    fixed["code2wav"] = code2wav_cfg.model_copy(
+        update={"chunk": code2wav_cfg.chunk.model_copy(update={"catch_up": False})}
+    )
+    profile = profile.model_copy(update={"stages": stages.model_copy(update=fixed)})
     source = resolve_model_path(profile)
     print(f"building the thinker, talker and code2wav runners of {source}", file=sys.stderr, flush=True)
     began = time.perf_counter()
