@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import faulthandler
 import logging
-import signal
 import sys
 from collections.abc import Sequence
 
 from omnivoice.config import ProfileError, load_profile
-from omnivoice.logs import configure_logging
+from omnivoice.logs import configure_logging, stacks_on_sigusr1
 
 log = logging.getLogger("omnivoice")
 
@@ -170,17 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"omnivoice bench is not available: {e}", file=sys.stderr)
         return EXIT_USAGE
     args = parser.parse_args(args_list)
-    _stacks_on_sigusr1()
+    stacks_on_sigusr1()
     return args.func(args)
-
-
-def _stacks_on_sigusr1() -> None:
-    """`kill -USR1 <pid>` prints every thread's Python stack to stderr (a stuck server or benchmark
-    shows where each stage thread waits) and the process goes on."""
-    err = sys.__stderr__  # the process's own stderr (sys.stderr may be replaced, as under pytest)
-    if hasattr(signal, "SIGUSR1") and err is not None:
-        with contextlib.suppress(OSError, ValueError):  # no file descriptor: no dumps
-            faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
 
 
 def _serve(args: argparse.Namespace) -> int:

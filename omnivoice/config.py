@@ -274,8 +274,10 @@ class StagesConfig(_Strict):
         ge=0,
         description="a stage worker that reports nothing for this long (one step that never ends: a "
         "GPU kernel that hangs, a wait never met) is stuck: its requests fail, a stage process is "
-        "killed and restarted, a stage thread ends the server for its supervisor (exit code 70); 0: "
-        "never",
+        "killed and restarted, a stage thread ends the server for its supervisor (exit code 70). "
+        "Likewise when requests are in flight and none of them gets any output for this long (the "
+        "workers report, but no step moves): every stage restarts, or the server exits if a stage is "
+        "a thread. 0: never",
     )
 
     def warms_burst(self) -> bool:

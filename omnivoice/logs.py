@@ -9,8 +9,12 @@ logged it: no call site has to remember to.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import re
+import signal
+import sys
 import traceback
 from types import TracebackType
 from typing import IO
@@ -75,3 +79,12 @@ def configure_logging(level: str, stream: IO[str] | None = None) -> None:
     logging.basicConfig(
         level=level.upper(), format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S", handlers=[handler], force=True
     )
+
+
+def stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's Python stack to stderr (a stuck server, benchmark or
+    stage process shows where each thread waits) and the process goes on."""
+    err = sys.__stderr__  # the process's own stderr (sys.stderr may be replaced, as under pytest)
+    if hasattr(signal, "SIGUSR1") and err is not None:
+        with contextlib.suppress(OSError, ValueError):  # no file descriptor: no dumps
+            faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)

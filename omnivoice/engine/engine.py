@@ -30,7 +30,7 @@ from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.request_state import RequestState
 from omnivoice.engine.routing import ReplicaRouter
 from omnivoice.engine.stage import StageCrashed
-from omnivoice.engine.stuck import ProgressWatch, thread_stacks
+from omnivoice.engine.stuck import ProgressWatch, stage_lines, thread_stacks
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.messages import (
@@ -315,9 +315,14 @@ class Engine:
     def _check_workers(self) -> None:
         if self._closed or self.failure:
             return
-        stuck = self._progress.stuck(time.monotonic())
+        now = time.monotonic()
+        if not self._requests:
+            self._progress.progress(now)
+        stuck = self._progress.stuck(now)
         if stuck:
             self._stuck(*stuck[0])
+        elif (silent_s := self._progress.stalled(now)) is not None:
+            self._stalled(silent_s)
         dead = self._pipeline.dead_workers()
         if not dead:
             return
@@ -343,6 +348,31 @@ class Engine:
         log.error("%s (replica %d); every thread's stack:\n%s", reason, replica, thread_stacks())
         if self._pipeline.kill_worker(stage, replica):
             self._progress.seen(stage, replica, time.monotonic())  # not again while it is found dead
+            return
+        self._supervisor.hold()
+        self.failure = reason
+        for rid in list(self._requests):
+            self._fail(rid, reason)
+        self.on_device_fault(reason)
+
+    def _stalled(self, silent_s: float) -> None:
+        """Workers report, yet no request in flight got output for `silent_s` (see engine/stuck.py):
+        every stage worker is killed and restarted; if one is a thread, the server exits instead."""
+        reason = f"no request made progress for {silent_s:.0f} s"
+        log.error(
+            "%s (%d in flight); the stages:\n%s\nevery thread's stack (stage processes print theirs to "
+            "stderr):\n%s",
+            reason,
+            len(self._requests),
+            stage_lines(self.replica_stats()),
+            thread_stacks(),
+        )
+        self._pipeline.dump_stacks()
+        workers = list(self._stage_stats)
+        if all(self._pipeline.can_kill(stage, replica) for stage, replica in workers):
+            for stage, replica in workers:
+                self._pipeline.kill_worker(stage, replica)
+            self._progress.progress(time.monotonic())  # the restart fails the requests in flight
             return
         self._supervisor.hold()
         self.failure = reason
@@ -384,6 +414,7 @@ class Engine:
             state = self._requests.get(rid) if rid is not None else None
         if rid is None or state is None or state.done:
             return  # late output of an aborted or finished request
+        self._progress.progress(time.monotonic())
         if isinstance(msg, TokenOutput):
             state.on_tokens(msg)
         elif isinstance(msg, PcmOutput):

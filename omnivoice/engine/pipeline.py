@@ -10,9 +10,11 @@ so that a start after a crash of this server can take back what it left.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -176,6 +178,20 @@ class Pipeline:
         dead = [t.name for t in self.threads if not t.is_alive()]
         dead += [f"{p.name} (exit code {p.exitcode})" for p in self.processes if not p.is_alive()]
         return dead + (self.ray.dead() if self.ray is not None else [])
+
+    def can_kill(self, stage: str, replica: int) -> bool:
+        """Whether the worker of a stage replica can be killed: a process or an actor, not a thread."""
+        return not any(t.name == f"stage-{stage}-{replica}" for t in self.threads)
+
+    def dump_stacks(self, settle_s: float = 0.5) -> None:
+        """Ask every live stage process for its threads' stacks (SIGUSR1: they print them to stderr),
+        and give them `settle_s` to do so, since the caller may kill them next."""
+        live = [pid for p in self.processes if p.is_alive() and (pid := p.pid) is not None]
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        if live:
+            time.sleep(settle_s)
 
     def kill_worker(self, stage: str, replica: int) -> bool:
         """Kill the process or actor of a stage replica (its death is then found like any other);

@@ -35,7 +35,7 @@ from omnivoice.engine.board import Seat
 from omnivoice.engine.gc_policy import freeze_built_objects
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageWorker
-from omnivoice.logs import configure_logging
+from omnivoice.logs import configure_logging, stacks_on_sigusr1
 from omnivoice.types import StageName
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ def stage_process_main(
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(parent)
     configure_logging(profile.server.log_level)
+    stacks_on_sigusr1()  # the engine asks for its stacks when no request makes progress
     code = 0
     try:
         code = _serve(name, replica, profile, model_path, inbox, downstream, engine, parent, seat)
