@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +112,27 @@ def test_serve_reports_an_unreadable_key_file(tmp_path: Path, capsys: pytest.Cap
     path.write_text(f"auth:\n  api_key_file: {tmp_path / 'missing'}\n")
     assert main(["serve", "--profile", str(path)]) == 2
     assert "auth.api_key_file: cannot read" in capsys.readouterr().err
+
+
+def test_a_signal_while_the_engine_starts_is_a_clean_stop(caplog: pytest.LogCaptureFixture) -> None:
+    closed: list[bool] = []
+
+    class Slow:
+        def hold_restarts(self) -> None: ...
+
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def slow(profile: Profile) -> object:
+        asyncio.get_running_loop().call_later(0.5, os.kill, os.getpid(), signal.SIGTERM)
+        await asyncio.sleep(1.5)  # still starting when the signal comes
+        return Slow()
+
+    with caplog.at_level(logging.INFO):
+        rc = asyncio.run(run_server(Profile(), "127.0.0.1", 0, "warning", engine_factory=slow))
+    assert rc == 0 and closed == [True]
+    assert "shut down while it was starting" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_run_server_exits_1_when_the_engine_fails(caplog: pytest.LogCaptureFixture) -> None:

@@ -164,7 +164,8 @@ async def run_server(
         bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
         log.info("omnivoice serving %s on http://%s:%d", profile.model.served_name, host, bound)
     elif settled.done() and not ok:
-        log.error("engine failed to start (%s); shutting down", lifecycle.error)
+        if lifecycle.state == "failed":  # else: shut down while it was starting (closed)
+            log.error("engine failed to start (%s); shutting down", lifecycle.error)
         server.should_exit = True
     await serving
     settled.cancel()

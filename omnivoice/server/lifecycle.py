@@ -75,6 +75,7 @@ class EngineLifecycle:
         else:
             if self.state == "closed":  # shut down while loading
                 await engine.close()
+                log.info("engine closed: the server shut down while it was starting")
             else:
                 self.engine, self.state = engine, "ready"
                 if self._draining:  # the drain began while the engine was loading
