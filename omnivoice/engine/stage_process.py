@@ -64,6 +64,7 @@ def stage_process_main(
     die_with_parent(parent)
     configure_logging(profile.server.log_level)
     stacks_on_sigusr1()  # the engine asks for its stacks when no request makes progress
+    _thread_lock_for_progress_bars()
     code = 0
     try:
         code = _serve(name, replica, profile, model_path, inbox, downstream, engine, parent, seat)
@@ -97,6 +98,16 @@ def _serve(
     priority = profile.stages.priority
     StageWorker(runner, inbox, downstream, engine, parent, replica, seat, priority).run()
     return 0
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """Loading progress bars (tqdm's, which transformers draws) guard their writes with a lock that is
+    a multiprocessing semaphore by default. This process ends with `os._exit`, which never unlinks it,
+    so the server's resource tracker would find one leaked semaphore per stage process at shutdown and
+    warn about it. The bars of one process need a thread lock only."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def die_with_parent(parent: int) -> None:

@@ -208,7 +208,9 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
         await asyncio.sleep(0.1)
     assert not running(children), running(children)  # stage processes left behind
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"omnivoice{pid}_")]
+    await asyncio.to_thread(server.wait_log_closed, 30)  # the resource tracker writes last
     assert "draining" in server.log and "Traceback" not in server.log, server.log[-3000:]
+    assert "leaked" not in server.log, server.log[-3000:]  # e.g. a stage process's semaphores
 
 
 async def test_a_sigterm_to_the_whole_process_group_drains_and_stops_the_stages_cleanly(
