@@ -333,8 +333,8 @@ class EngineStats:
 
 
 # The talker's context holds a prompt's user positions plus 9 (the assistant start, tts pads and bos,
-# the codec's think/voice/pad/bos ids; runners/talker.py `_inputs`) and needs 2 more to write audio: a
-# prompt of at most talker.max_seq_len - TALKER_PROMPT_EXTRA tokens always leaves it room.
+# the codec's think/voice/pad/bos ids; runners/talker_prefill.py `prompt_inputs`) and needs 2 more to
+# write audio: a prompt of at most talker.max_seq_len - TALKER_PROMPT_EXTRA tokens always leaves it room.
 TALKER_PROMPT_EXTRA = 11
 
 

@@ -10,30 +10,42 @@ without waiting for the one before it, and its frames and tokens are read back o
 (`overlap`): the host's work on step n (routing frames, checking for the end) runs while the GPU
 computes step n + 1. A request that samples its end token is therefore queued for one more step,
 whose row is dropped; every other end (a frame limit, an abort) is known before a step is queued.
+
+A request's bookkeeping, the sampling it runs with and the code predictor's draws are
+`talker_seq.py`'s; a starting request's prompt and the batched prefill's forward are
+`talker_prefill.py`'s; what a step read back becomes is `talker_outputs.py`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from omnivoice.config import PriorityConfig, TalkerStage
-from omnivoice.messages import AudioStarted, CodecChunk, StageFinished, ThinkerChunk
+from omnivoice.messages import AudioStarted, StageFinished, ThinkerChunk
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
-from omnivoice.runners.slot_sampling import SlotSampler, request_generator
+from omnivoice.runners.slot_sampling import SlotSampler
 from omnivoice.runners.talker_inputs import TalkerInputs
+from omnivoice.runners.talker_outputs import FrameReader
+from omnivoice.runners.talker_prefill import forward_prefill, prompt_inputs
+from omnivoice.runners.talker_seq import (
+    QueuedStep,
+    TalkerSeq,
+    bound_by_text,
+    codec_token_sampling,
+    residual_draws,
+    start_seq,
+)
 from omnivoice.runners.transfer import ReadBack, to_device
-from omnivoice.types import GenerationRequest, Sampling, StageStats
+from omnivoice.types import GenerationRequest, StageStats
 
 if TYPE_CHECKING:
     from omnivoice.models.loader import ModelSpec
@@ -41,40 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Seq:
-    request: GenerationRequest
-    user_part: torch.Tensor  # [U, Ht] projected user turns
-    role_embeds: torch.Tensor  # [3, Hth] thinker embeddings of "<|im_start|>assistant\n"
-    text: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of forwarded tokens
-    text_done: bool = False
-    slot: int = -1
-    max_tokens: int = 0  # codebook-0 tokens it may sample (the last one never gets its frame)
-    sampled: int = 0  # codebook-0 tokens queued so far (its prefill's, then one per step)
-    step: int = 0  # transformers' generation_step: index into the trailing text
-    frames: int = 0  # frames handed on
-    playback: Playback = field(default_factory=Playback)  # its frames: those handed on
-    residual_rng: torch.Generator | None = None  # the code predictor's draws
-    # a prompt with images: the rotary positions of the talker's prompt [3, >= P] and the shift after it
-    rope: torch.Tensor | None = None
-    rope_delta: int = 0
-    accepted_at: float = 0.0  # monotonic: when its first text arrived
-
-    def ready(self) -> bool:
-        if self.slot < 0:
-            return len(self.text) >= 1
-        if self.sampled >= self.max_tokens:
-            return False  # its last token is queued: it ends when that step is read back
-        return self.step + 1 < len(self.text) or self.text_done
-
-
-@dataclass
-class _Step:
-    """A queued step, as the host knows it; its results come back through `ReadBack`."""
-
-    seqs: list[_Seq]
-    counts: list[int]  # each row's codebook-0 tokens with this step's
-    has_frames: bool  # results [n, G + 1]: each row's frame then its next token (a prefill: [n, 1])
+# importable from here as well: the transformers baseline counts a request's frames as the talker does
+__all__ = ["TalkerRunner", "codec_token_sampling"]
 
 
 class TalkerRunner:
@@ -121,8 +101,9 @@ class TalkerRunner:
         self.hidden = torch.zeros(slots, self.talker_inputs.hidden_size, dtype=self.dtype, device=device)
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
-        self.seqs: dict[str, _Seq] = {}
-        self._queued: ReadBack[_Step] = ReadBack()
+        self.seqs: dict[str, TalkerSeq] = {}
+        self._queued: ReadBack[QueuedStep] = ReadBack()
+        self.reader = FrameReader(self.sampler, spec.num_code_groups)
         self._steps = 0
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
@@ -152,9 +133,9 @@ class TalkerRunner:
             if not seq.text and seq.slot < 0:
                 # no assistant text reached the talker (a one-token answer): no audio
                 self.seqs.pop(msg.request_id)
-                return self._finish_outputs(seq, "stop")
+                return self.reader.finish(seq, "stop")
             if seq.slot >= 0:
-                self._bound_by_text(seq)
+                bound_by_text(seq, self.cfg)
         return []
 
     def abort(self, request_id: str) -> None:
@@ -210,9 +191,9 @@ class TalkerRunner:
     def _t(self, a: np.ndarray) -> list[torch.Tensor]:
         return list(to_device(torch.from_numpy(np.asarray(a)), self.device, self.dtype))
 
-    def _new_seq(self, msg: ThinkerChunk, request: GenerationRequest) -> _Seq:
+    def _new_seq(self, msg: ThinkerChunk, request: GenerationRequest) -> TalkerSeq:
         user_part, role_embeds = self.talker_inputs.user_part(msg)
-        seq = _Seq(
+        seq = TalkerSeq(
             request=request, user_part=user_part, role_embeds=role_embeds, accepted_at=time.monotonic()
         )
         if request.prompt.image_grids:
@@ -221,56 +202,30 @@ class TalkerRunner:
             )
         return seq
 
-    def _inputs(self, seq: _Seq) -> torch.Tensor:
-        """The talker's prompt for a request [P, Ht]; ValueError if it leaves no room for a frame."""
-        inputs = self.talker_inputs.prompt(seq.user_part, seq.role_embeds, seq.text[0], seq.request.voice)
-        if inputs.shape[0] + 2 > self.cfg.max_seq_len:
-            raise ValueError(
-                f"talker context of {inputs.shape[0]} positions leaves no room for audio in its "
-                f"max_seq_len of {self.cfg.max_seq_len}"
-            )
-        return inputs
-
-    def _prefill(self, seqs: list[_Seq]) -> list[Any]:
+    def _prefill(self, seqs: list[TalkerSeq]) -> list[Any]:
+        """Prefill the starting requests together, book each in a slot and queue its first codebook-0
+        token; a request whose prompt leaves no room for audio ends with an error, the others go on."""
         outs: list[Any] = []
-        ready: list[tuple[_Seq, torch.Tensor]] = []
+        starting: list[TalkerSeq] = []
+        prompts: list[torch.Tensor] = []
         for seq in seqs:
             try:
-                ready.append((seq, self._inputs(seq)))
+                prompts.append(prompt_inputs(self.talker_inputs, seq, self.cfg.max_seq_len))
             except ValueError as e:  # this request cannot be spoken; the others go on
                 rid = seq.request.request_id
                 self.seqs.pop(rid, None)
                 outs.append(StageFinished(rid, "talker", "error", error=f"talker: {e}"))
-        if not ready:
+                continue
+            starting.append(seq)
+        if not starting:
             return outs
-        lengths = [x.shape[0] for _, x in ready]
-        longest = max(lengths)
-        inputs = torch.stack(
-            [torch.nn.functional.pad(x, (0, 0, 0, longest - x.shape[0])) for _, x in ready]
-        )  # [B, P, Ht], right-padded
-        params = []
-        for seq, x in ready:
-            seq.slot = self.cache.alloc()
-            p = codec_token_sampling(seq.request.talker)
-            room = self.cfg.max_seq_len - x.shape[0]  # as the thinker does: the answer is cut, not refused
-            if p.max_tokens > room:
-                log.debug("request %s: talker frames capped at %d", seq.request.request_id, room)
-                p = replace(p, max_tokens=room, min_tokens=min(p.min_tokens, room))
-            seq.max_tokens, seq.sampled = p.max_tokens, 1
-            if seq.text_done:
-                self._bound_by_text(seq)
-            params.append(p)
-        starting = [seq for seq, _ in ready]
+        params = [
+            start_seq(seq, self.cache.alloc(), x.shape[0], self.cfg)
+            for seq, x in zip(starting, prompts, strict=True)
+        ]
         slots = [s.slot for s in starting]
         self.sampler.reset(slots, params, [()] * len(slots))
-        for seq in starting:
-            self.cache.rope_delta[seq.slot] = seq.rope_delta
-        if any(seq.rope is not None for seq in starting):
-            rope = _rope_rows(starting, lengths, longest).to(inputs.device)
-            h, _ = self.stack.forward(inputs, self.cache, slots, [0] * len(ready), (), lengths, rope)
-        else:
-            h, _ = self.stack.prefill(inputs, self.cache, slots, [0] * len(ready), lengths=lengths)
-        last = h[torch.arange(len(ready), device=h.device), to_device(lengths, h.device) - 1]
+        last = forward_prefill(self.stack, self.cache, starting, prompts)  # [B, Ht]
         slot_idx = to_device(slots, self.device)
         (tokens,) = self._head_sample(last, slot_idx, self.sampler.draws(slots, len(slots)))
         self.code0[slot_idx] = tokens
@@ -278,7 +233,7 @@ class TalkerRunner:
         self._queue(starting, tokens[:, None], has_frames=False)
         return outs
 
-    def _decode(self, seqs: list[_Seq]) -> None:
+    def _decode(self, seqs: list[TalkerSeq]) -> None:
         """Queue one step of the batch: the frame of each row's last token, and its next token."""
         n = len(seqs)
         rows = self.decode_step.rows(n)  # padded to a batch bucket on the GPU
@@ -286,7 +241,7 @@ class TalkerRunner:
         slot_idx = self.decode_step.slot_index(slots)
         code0 = self.code0[slot_idx]  # [R]
         code0_embed = self.codec_embed(code0)
-        uniforms, greedy = self._residual_draws(seqs, rows)
+        uniforms, greedy = residual_draws(seqs, rows, self.spec.num_code_groups - 1, self.device)
         hidden = self.hidden[slot_idx]
         residual, residual_embeds = self.predictor.predict(hidden, code0_embed, uniforms, greedy)
         summed = torch.cat([code0_embed[:, None], residual_embeds], dim=1).sum(1)  # [R, Ht]
@@ -303,27 +258,14 @@ class TalkerRunner:
         out = torch.cat([code0[:n, None], residual[:n], tokens[:n, None]], dim=1)  # [n, G + 1]
         self._queue(seqs, out, has_frames=True)
 
-    def _bound_by_text(self, seq: _Seq) -> None:
-        """Cap a request's frames by its complete text (`frames_per_text_token`, `extra_frames`), so a
-        talker that never samples its end code stops about where its speech should; the cut ends the
-        request with "length". While text still arrives the talker takes one text token per frame, so
-        it is bounded by the thinker then. A request's own frame minimum still applies."""
-        per = self.cfg.frames_per_text_token
-        if per is None:
-            return
-        frames = math.ceil(per * len(seq.text)) + self.cfg.extra_frames
-        limit = max(frames, seq.request.talker.min_tokens) + 1  # + 1: the last token never gets a frame
-        # never below a token not yet queued: its step is what reads back the end
-        seq.max_tokens = min(seq.max_tokens, max(limit, seq.sampled + 1))
-
     def _head_sample(
         self, hidden: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor
     ) -> tuple[torch.Tensor]:
         """hidden [R, Ht] -> each row's next codebook-0 token [R], recorded in its slot's sampler."""
         return (self.sampler.sample(self.model.codec_head(hidden), slot_idx, u),)
 
-    def _queue(self, seqs: list[_Seq], out: torch.Tensor, has_frames: bool) -> None:
-        self._queued.put(_Step(seqs, [s.sampled for s in seqs], has_frames), out)
+    def _queue(self, seqs: list[TalkerSeq], out: torch.Tensor, has_frames: bool) -> None:
+        self._queued.put(QueuedStep(seqs, [s.sampled for s in seqs], has_frames), out)
 
     def _read_back(self, keep: int) -> list[Any]:
         """Hand on the frames of every queued step but the last `keep`, and end the requests whose
@@ -336,44 +278,16 @@ class TalkerRunner:
                 rid = s.request.request_id
                 if self.seqs.get(rid) is not s:
                     continue  # ended (its end token was in an earlier step) or aborted since
-                if q.has_frames:
-                    s.frames += 1
-                    s.playback.frames = s.frames
-                    first = s.frames == 1
-                    accepted = s.accepted_at if first else 0.0
-                    outs.append(CodecChunk(rid, out[b, :-1, None].copy(), False, first, made, accepted))
-                token = int(out[b, -1])
-                reason = None
-                if token in self.sampler.end_ids:
-                    reason = "stop"
-                elif q.counts[b] >= s.max_tokens:
-                    reason = "length"  # the last codebook-0 token never gets its frame, as in transformers
+                reason = self.reader.read(s, out[b], q.counts[b], q.has_frames, made, outs)
                 if reason is not None:
                     self.seqs.pop(rid, None)
                     self._release(s)
-                    outs += self._finish_outputs(s, reason)
+                    outs += self.reader.finish(s, reason)
         return outs
 
-    def _release(self, seq: _Seq) -> None:
+    def _release(self, seq: TalkerSeq) -> None:
         self.cache.release(seq.slot)
         self.sampler.release(seq.slot)
-
-    def _residual_draws(self, seqs: list[_Seq], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniforms [R, G-1] for the code predictor's sampled codes, and which rows are greedy [R].
-
-        As in transformers' generate(), the residual codes are sampled (top-k 50, top-p 0.8) when the
-        talker samples and greedy when it does not. Each request draws from its own generator.
-        """
-        greedy = [s.request.talker.temperature <= 0 for s in seqs] + [True] * (rows - len(seqs))
-        groups = self.spec.num_code_groups - 1
-        uniforms = torch.zeros(rows, groups)
-        for b, s in enumerate(seqs):
-            if not greedy[b]:
-                if s.residual_rng is None:
-                    seed = s.request.talker.seed
-                    s.residual_rng = request_generator(None if seed is None else seed + 1)
-                uniforms[b] = torch.rand(groups, generator=s.residual_rng)
-        return to_device(uniforms, self.device, torch.float32), to_device(greedy, self.device, torch.bool)
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
@@ -397,36 +311,6 @@ class TalkerRunner:
             time.perf_counter() - began,
         )
 
-    def _finish_outputs(self, seq: _Seq, reason: str) -> list[Any]:
-        rid = seq.request.request_id
-        empty = np.zeros((self.spec.num_code_groups, 0), dtype=np.int64)
-        return [CodecChunk(rid, empty, True), StageFinished(rid, "talker", reason, seq.frames)]
 
-
-def _playback(seq: _Seq) -> Playback:
+def _playback(seq: TalkerSeq) -> Playback:
     return seq.playback
-
-
-def codec_token_sampling(frames: Sampling) -> Sampling:
-    """The talker's sampling in codebook-0 tokens for a request's, whose max_tokens and min_tokens
-    count frames of audio.
-
-    A frame's codebook-0 token is sampled one step before its other codebooks, so N frames take N + 1
-    tokens: the step after the last frame samples one more, the end code or (at the frame limit) a
-    token that is dropped, as in transformers' generate(). The end code may come once min_tokens
-    frames are out; a request whose minimum is its maximum wants exactly that many frames, so it ends
-    cut at its length, as a fixed-length thinker request does.
-    """
-    max_tokens = frames.max_tokens + 1
-    min_tokens = max_tokens if frames.min_tokens >= frames.max_tokens else frames.min_tokens
-    return replace(frames, max_tokens=max_tokens, min_tokens=min_tokens)
-
-
-def _rope_rows(seqs: list[_Seq], lengths: list[int], t: int) -> torch.Tensor:
-    """A prefill batch's rotary positions [3, B, t]: a prompt without images at its cache positions;
-    the padding repeats its row's last."""
-    rows = []
-    for seq, n in zip(seqs, lengths, strict=True):
-        rope = seq.rope[:, :n] if seq.rope is not None else torch.arange(n).expand(3, -1)
-        rows.append(torch.cat([rope, rope[:, -1:].expand(3, t - n)], dim=1))
-    return torch.stack(rows, dim=1)
