@@ -112,11 +112,7 @@ class Dispatch:
         if self._pipeline.kill_worker(stage, replica):
             self._progress.seen(stage, replica, time.monotonic())  # not again while it is found dead
             return
-        self._supervisor.hold()
-        self.failure = reason
-        for rid in list(self._requests):
-            self._fail(rid, reason)
-        self.on_device_fault(reason)
+        self._end_process(reason)
 
     def _stalled(self, silent_s: float) -> None:
         """Workers report, yet no request in flight got output for `silent_s` (see engine/stuck.py):
@@ -137,6 +133,11 @@ class Dispatch:
                 self._pipeline.kill_worker(stage, replica)
             self._progress.progress(time.monotonic())  # the restart fails the requests in flight
             return
+        self._end_process(reason)
+
+    def _end_process(self, reason: str) -> None:
+        """A stage thread of this process is stuck and cannot be stopped: fail every request with
+        `reason`, restart nothing, and end the process for its supervisor."""
         self._supervisor.hold()
         self.failure = reason
         for rid in list(self._requests):
