@@ -125,7 +125,7 @@ async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
         # on the same Ray connection
         (victim,) = [a for a in actors if a["name"].endswith("-talker-1")]
         ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
-        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.engine"):
+        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.dispatch"):
             await until(lambda: eng.failure, 10, what="the dead actor noticed")
         # clients are told the engine is restarting; which actor died, and how, goes to the log
         assert eng.failure == RESTARTING

@@ -80,7 +80,7 @@ async def test_a_frozen_stage_process_is_killed_and_the_stages_restart(
         assert err.count("Current thread") + err.count("Thread 0x") >= 3 and "stage.py" in err
         task, outs = await streaming(eng, request(eng, 0, thinker_tokens=200, audio_frames=400))
         talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
-        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.engine"):
+        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.dispatch"):
             os.kill(talker.pid, signal.SIGSTOP)  # alive, but never steps or reports again
             await asyncio.wait_for(task, 30)
         assert isinstance(outs[-1], Finished) and outs[-1].finish_reason == "error"
@@ -129,7 +129,7 @@ async def test_a_stage_that_steps_without_progress_stalls_the_engine_and_ends_th
     # the talker keeps stepping and reporting, but no step moves any request: a livelock
     monkeypatch.setattr(TalkerRunner, "step", lambda self, defer_ahead=False: [])
     try:
-        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.engine"):
+        with caplog.at_level(logging.ERROR, logger="omnivoice.engine.dispatch"):
             outs, fin = await asyncio.wait_for(collect(eng, request(eng, 0, thinker_tokens=4)), 30)
         assert len(tokens_of(outs)) == 4  # the thinker's text came; then nothing
         assert fin.finish_reason == "error" and fin.error is not None
