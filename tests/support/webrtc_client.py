@@ -122,6 +122,20 @@ class ClientCall:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._new.wait(), left)
 
+    async def first(self, kind: str, timeout: float = 30.0) -> dict[str, Any]:
+        """The first event of type `kind` received, whenever it came (waiting for it): for events with
+        no order between them, such as a short answer's `response.done` and the start of its playback.
+        `next`'s position stays."""
+        deadline = time.monotonic() + timeout
+        while (found := next((e for _, e in self.events if e["type"] == kind), None)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {kind} within {timeout} s; got {self.types()}")
+            self._new.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new.wait(), left)
+        return found
+
     def time_of(self, event: dict[str, Any]) -> float:
         return next(t for t, e in self.events if e is event)
 
