@@ -43,3 +43,12 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = os.environ.get("OMNIVOICE_TEST_CACHE")
     cache_dir = Path(cache) if cache else tmp_path_factory.mktemp("omnivoice-cache")
     return ensure_tiny_checkpoint(cache_dir)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with slow end-to-end tests first, each file's tests in their order. Under pytest-xdist
+    (`--dist loadfile`) a file runs whole on one worker and files are handed out in this order, so the
+    long files start at once and the short ones fill the gaps, instead of one worker ending the run
+    alone on a long file picked up last."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within a file stays
