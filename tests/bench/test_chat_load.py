@@ -191,10 +191,10 @@ def test_cli_closed_loop_with_warmups(fake: FakeOmni, tmp_path: Path, capsys) ->
     assert (report["engine"], report["machine"], report["label"]) == ("fake-omni", "loopback", "test")
     assert report["audio_seconds"] == pytest.approx(4 * 1.32)
     # two rounds of ~0.8 s each
-    assert 1.6 <= report["duration_s"] < 3.0
+    assert report["duration_s"] >= 1.6  # the fake's pacing; a busy machine only adds to it
     assert report["audio_s_per_s"] == pytest.approx(4 * 1.32 / report["duration_s"], rel=0.01)
     assert report["output_tok_per_s"] == pytest.approx(28 / report["duration_s"], rel=0.01)
-    assert report["max_stall_ms"] == pytest.approx(280.0, abs=100.0)
+    assert report["max_stall_ms"] >= 180.0  # the fake's 280 ms gap, less timer slack
     for key in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "mean_ttfp_ms", "p50_ttfp_ms", "p99_ttfp_ms",
                 "mean_rtf", "p50_rtf", "p99_rtf", "command", "timestamp"):  # fmt: skip
         assert report[key] is not None, key

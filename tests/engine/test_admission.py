@@ -61,7 +61,8 @@ def test_a_full_stage_refuses_at_once_and_the_admitted_requests_finish(engine: E
         for _ in range(20):  # a flood of extra requests: each refused at once, nothing registered
             with pytest.raises(EngineOverloaded):
                 await _run(engine, _request(engine, 9))
-        assert time.perf_counter() - t0 < 0.5
+        assert not any(t.done() for t in admitted)  # refused while the admitted ones still run
+        assert time.perf_counter() - t0 < 10  # at once: no refusal waited for a slot
         assert engine.stats().active_requests == 2
         done = await asyncio.wait_for(asyncio.gather(*admitted), 120)
         assert [f.finish_reason for f in done] == ["length", "length"]

@@ -40,7 +40,7 @@ async def test_a_send_blocked_past_the_timeout_fails_the_writer() -> None:
     t0 = time.monotonic()
     with pytest.raises(SlowConsumer, match=r"took nothing for 0\.2 s"):
         await asyncio.wait_for(writer, 5)
-    assert 0.15 < time.monotonic() - t0 < 1.0 and len(sock.sent) == 2
+    assert time.monotonic() - t0 > 0.15 and len(sock.sent) == 2  # the timeout, not before
 
 
 async def test_too_much_queued_fails_at_once_even_while_a_send_is_stuck() -> None:

@@ -30,7 +30,7 @@ async def test_audio_is_played_in_20ms_frames_then_silence() -> None:
     t0 = time.monotonic()
     frames = [await t.recv() for _ in range(10)]
     elapsed = time.monotonic() - t0
-    assert 0.17 <= elapsed < 1.0  # paced: one frame per 20 ms (the first at once)
+    assert elapsed >= 0.17  # paced: one frame per 20 ms (the first at once), never a burst
     assert all(f.samples == FRAME and f.sample_rate == RATE for f in frames)
     assert [f.pts for f in frames] == [i * FRAME for i in range(10)]
     loud = [int(np.abs(samples(f)).max() > 8000) for f in frames]
