@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import Qwen3OmniMoeConfig
+from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
 from omnivoice.config import DUMMY_MODELS, DUMMY_PREFIX
 from omnivoice.models.dummy_tokenizer import added_token_id
@@ -230,6 +230,19 @@ def build_dummy_part(source: DummySource, part: str, device: str | torch.device,
     return model
 
 
+def build_dummy_model(
+    source: DummySource, device: str | torch.device, dtype: torch.dtype
+) -> tuple[Qwen3OmniMoeForConditionalGeneration, ModelSpec]:
+    """The whole model, as transformers' class (for its own `generate()`: the baseline), made of the
+    parts `build_dummy_part` builds: the weights the stage workers serve."""
+    with torch.device("meta"):  # the frame only: no memory, no init
+        model = Qwen3OmniMoeForConditionalGeneration(dummy_config(source))
+    for part in PARTS:
+        setattr(model, part, build_dummy_part(source, part, device, dtype))
+    model.eval().requires_grad_(False)
+    return model, dummy_spec(source)
+
+
 def dummy_tts_embeds(source: DummySource, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The thinker's embeddings of the TTS bos, eos and pad tokens [3, H], as `build_dummy_part`
     builds them, without building the thinker."""
@@ -240,7 +253,8 @@ def dummy_tts_embeds(source: DummySource, device: str | torch.device, dtype: tor
 
 def _embedding_table(source: DummySource, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The thinker's input embedding table [V, H] (normal, std = initializer_range), from its own seed."""
-    text = dummy_config(source).thinker_config.text_config
+    thinker: Any = dummy_config(source).thinker_config  # typed loosely by transformers: a config object
+    text = thinker.text_config
     with _seeded(device, _embed_seed(source)):
         table = torch.empty(text.vocab_size, text.hidden_size, device=device, dtype=dtype)
         return table.normal_(0.0, text.initializer_range)

@@ -10,6 +10,7 @@ from omnivoice.models.dummy import (
     PARTS,
     REDUCED,
     DummySource,
+    build_dummy_model,
     build_dummy_part,
     dummy_config,
     dummy_spec,
@@ -91,3 +92,11 @@ def test_profile_validates_dummy_names() -> None:
         parse_profile({"model": {"path": "dummy:gpt"}})
     assert parse_source("dummy:qwen3-omni-30b-a3b") == FULL
     assert parse_source("/models/Qwen3-Omni-30B-A3B-Instruct") is None
+
+
+def test_the_whole_model_is_made_of_the_parts() -> None:
+    source = DummySource(FULL.name, overrides=REDUCED)
+    model, _ = build_dummy_model(source, "cpu", torch.float32)  # transformers' generate() runs on it
+    assert not any(p.is_meta for p in model.parameters())
+    talker = build_dummy_part(source, "talker", "cpu", torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(model.talker.parameters(), talker.parameters(), strict=True))
