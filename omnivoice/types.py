@@ -238,6 +238,12 @@ class EngineOverloaded(Exception):
     max_queue` requests. Nothing was started; the caller should answer "retry later" (503)."""
 
 
+class EngineUnavailable(RuntimeError):
+    """`Engine.generate` refused a request at once: the engine's stages stopped (a worker died, a
+    device fault, a stuck stage) and are restarting, or could not be restarted. The message is the
+    engine's `failure`; nothing was started; the caller should answer "unavailable" (503)."""
+
+
 @dataclass(frozen=True)
 class StageStats:
     name: str

@@ -91,16 +91,19 @@ class Dispatch:
             return
         refusal = self._supervisor.refusal()
         restart = refusal is None
-        # the whole message before any request fails: their callers may read it at once
-        self.failure = RESTARTING if restart else STOPPED
+        # the whole message before any request fails: their callers may read it at once; under the
+        # lock, so a request that `generate` admits meanwhile is either failed here or refused there
+        with self._lock:
+            self.failure = failure = RESTARTING if restart else STOPPED
+            failing = list(self._requests)
         log.error(
             "stage worker stopped: %s; failing %d in-flight requests; %s",
             ", ".join(dead),
-            len(self._requests),
+            len(failing),
             "restarting the stages" if restart else f"not restarting the stages: {refusal}",
         )
-        for rid in list(self._requests):
-            self._fail(rid, self.failure)
+        for rid in failing:
+            self._fail(rid, failure)
         if restart:
             self._supervisor.restart_in_background(self._pipeline, self._adopt, self._restart_failed)
 

@@ -45,6 +45,7 @@ from omnivoice.types import (
     EngineOutput,
     EngineOverloaded,
     EngineStats,
+    EngineUnavailable,
     Finished,
     FunctionSpec,
     GenerationRequest,
@@ -145,7 +146,7 @@ class Engine(Dispatch):
         if self._closed:
             raise RuntimeError("engine is closed")
         if self.failure:
-            raise RuntimeError(self.failure)
+            raise EngineUnavailable(self.failure)
         rid = request.request_id
         if request.prefill_only and request.want_audio:
             raise ValueError("a prefill-only request produces no audio")
@@ -153,6 +154,8 @@ class Engine(Dispatch):
         if grammar is not None:  # a required call: the thinker is held to one (over response_format)
             request = replace(request, thinker=replace(request.thinker, grammar=grammar))
         with self._lock:
+            if self.failure:  # the stages stopped since the check above
+                raise EngineUnavailable(self.failure)
             if rid in self._requests:
                 raise ValueError(f"duplicate request id {rid}")
             why = self._overload(request)

@@ -207,12 +207,27 @@ class Pipeline:
         return len(self.inboxes[stage])
 
     def send(self, stage: StageName, msg: Any, replica: int = 0) -> None:
-        self.inboxes[stage][replica].put(msg)
+        """Send `msg` to a stage replica; once this pipeline is stopped (the stages restart, the engine
+        closes) it goes nowhere: a session that ends meanwhile has nothing left to tell these stages."""
+        if not self.stopped:
+            self._put(self.inboxes[stage][replica], msg)
 
     def broadcast(self, msg: Any) -> None:
+        """`send` to every stage replica."""
+        if not self.stopped:
+            self._put_all(msg)
+
+    def _put_all(self, msg: Any) -> None:
         for s in STAGES:
             for inbox in self.inboxes[s]:
-                inbox.put(msg)
+                self._put(inbox, msg)
+
+    def _put(self, inbox: Connector, msg: Any) -> None:
+        try:
+            inbox.put(msg)
+        except (ValueError, OSError):  # closed by a stop that began after the check
+            if not self.stopped:
+                raise
 
     def stop(self, timeout: float = 10.0, keep_ray: bool = False) -> None:
         """Shut every worker down and close the connectors; a second call does nothing.
@@ -224,7 +239,7 @@ class Pipeline:
             return
         self.stopped = True
         atexit.unregister(self._end_at_exit)
-        self.broadcast(Shutdown())
+        self._put_all(Shutdown())
         for t in self.threads:
             t.join(timeout)
         for p in self.processes:

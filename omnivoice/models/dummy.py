@@ -2,13 +2,14 @@
 
     model.path: "dummy:qwen3-omni-30b-a3b"
 
-builds Qwen3-Omni-30B-A3B-Instruct (every config value of the public checkpoint, 35B params) straight on
-the first stage's device in that stage's dtype, in seconds, so the GPU path can be benchmarked at real
-size without the 66 GB download. Its tokenizer and log-mel feature extractor are built from code with
-the real vocabulary's layout and ids (models/dummy_tokenizer.py), so the server serves it like the
-checkpoint (chat, realtime, Twilio, WebRTC); `omnivoice bench engine` drives it with token ids. The
-weights are transformers' own init (normal, std = initializer_range), seeded; outputs are meaningless
-(gibberish text, near-silent audio), shapes and costs are the real model's.
+builds Qwen3-Omni-30B-A3B-Instruct (every config value of the public checkpoint, 35B params), each
+stage's part straight on that stage's device in its dtype, in seconds, so the GPU path can be
+benchmarked at real size without the 66 GB download. Its tokenizer and log-mel feature extractor are
+built from code with the real vocabulary's layout and ids (models/dummy_tokenizer.py), so the server
+serves it like the checkpoint (chat, realtime, Twilio, WebRTC); `omnivoice bench engine` drives it
+with token ids. The weights are transformers' own init (normal, std = initializer_range), seeded part
+by part (a stage process builds its own part only, and gets what a thread layout builds); outputs are
+meaningless (gibberish text, near-silent audio), shapes and costs are the real model's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneratio
 from omnivoice.config import DUMMY_MODELS, DUMMY_PREFIX
 from omnivoice.models.dummy_tokenizer import added_token_id
 from omnivoice.models.loader import TOOL_CALL_TOKEN, ModelSpec
+from omnivoice.models.parts import PART_CLASSES
 from omnivoice.models.tiny import init_talker_moe
 
 # Ids of the real Qwen tokenizer that config.json does not record.
@@ -194,22 +196,74 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+PARTS = ("thinker", "talker", "code2wav")
+
+
+def _part_seed(source: DummySource, part: str) -> int:
+    """Each part, and the thinker's embedding table, draws from a seed of its own, so a stage worker
+    that builds only its part gets the weights every other layout builds."""
+    return source.seed * (len(PARTS) + 1) + PARTS.index(part)
+
+
+def _embed_seed(source: DummySource) -> int:
+    return source.seed * (len(PARTS) + 1) + len(PARTS)
+
+
 @torch.no_grad()
+def build_dummy_part(source: DummySource, part: str, device: str | torch.device, dtype: torch.dtype) -> Any:
+    """Build one part of `source` (thinker, talker or code2wav) with seeded random weights directly on
+    `device` in `dtype` (eval mode, no grads).
+
+    Every tensor is allocated and initialised where it lives (transformers' own init, run on the
+    device), so the 35B-parameter model takes seconds on a GPU and never touches host memory. The same
+    seed gives the same weights on the same device type, whichever parts are built beside it.
+    """
+    device = torch.device(device)
+    config = getattr(dummy_config(source), f"{part}_config")
+    with _seeded(device, _part_seed(source, part)), _default_dtype(dtype), device:
+        model = PART_CLASSES[part]._from_config(config)
+        if part == "talker":
+            init_talker_moe(model)  # transformers leaves the talker's experts torch.empty
+    if part == "thinker":  # reproducible alone: the talker's workers take rows of it
+        model.get_input_embeddings().weight.copy_(_embedding_table(source, device, dtype))
+    model.eval().requires_grad_(False)
+    return model
+
+
 def build_dummy_model(
     source: DummySource, device: str | torch.device, dtype: torch.dtype
 ) -> tuple[Qwen3OmniMoeForConditionalGeneration, ModelSpec]:
-    """Build `source` with seeded random weights directly on `device` in `dtype` (eval mode, no grads).
-
-    Every tensor is allocated and initialised where it lives (transformers' own init, run on the
-    device), so a 35B-parameter model takes seconds on a GPU and never touches host memory.
-    The same seed gives the same weights on the same device type.
-    """
-    device = torch.device(device)
-    config = dummy_config(source)
-    rng_devices = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=rng_devices), _default_dtype(dtype), device:
-        torch.manual_seed(source.seed)
-        model = Qwen3OmniMoeForConditionalGeneration(config)
-        init_talker_moe(model)  # transformers leaves the talker's experts torch.empty
+    """The whole model, as transformers' class (for its own `generate()`: the baseline), made of the
+    parts `build_dummy_part` builds: the weights the stage workers serve."""
+    with torch.device("meta"):  # the frame only: no memory, no init
+        model = Qwen3OmniMoeForConditionalGeneration(dummy_config(source))
+    for part in PARTS:
+        setattr(model, part, build_dummy_part(source, part, device, dtype))
     model.eval().requires_grad_(False)
-    return model, _spec(config)
+    return model, dummy_spec(source)
+
+
+def dummy_tts_embeds(source: DummySource, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The thinker's embeddings of the TTS bos, eos and pad tokens [3, H], as `build_dummy_part`
+    builds them, without building the thinker."""
+    spec = dummy_spec(source)
+    rows = torch.tensor([spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id])
+    return _embedding_table(source, torch.device(device), dtype)[rows.to(device)].clone()
+
+
+def _embedding_table(source: DummySource, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The thinker's input embedding table [V, H] (normal, std = initializer_range), from its own seed."""
+    thinker: Any = dummy_config(source).thinker_config  # typed loosely by transformers: a config object
+    text = thinker.text_config
+    with _seeded(device, _embed_seed(source)):
+        table = torch.empty(text.vocab_size, text.hidden_size, device=device, dtype=dtype)
+        return table.normal_(0.0, text.initializer_range)
+
+
+@contextmanager
+def _seeded(device: torch.device, seed: int) -> Iterator[None]:
+    """Seed torch's generator of `device` for the block, and give the caller's generators back after."""
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices):
+        torch.manual_seed(seed)
+        yield

@@ -199,16 +199,15 @@ def tiny_feature_extractor() -> WhisperFeatureExtractor:
 
 
 @torch.no_grad()
-def init_talker_moe(model: Qwen3OmniMoeForConditionalGeneration) -> None:
-    """Give the talker's MoE experts and routers random weights.
+def init_talker_moe(talker: Any) -> None:
+    """Give the talker's MoE experts and routers random weights (`talker`: a model's talker part).
 
     transformers' `_init_weights` covers the thinker's MoE blocks but not the talker's: its experts stay
     torch.empty (arbitrary memory: non-deterministic, NaN at times) and its routers all-zero (every
     token would tie and go to experts 0 and 1, leaving the routing untested).
     """
-    talker_config: Any = model.config.talker_config  # typed loosely by transformers: a config object
-    std = talker_config.initializer_range
-    for layer in model.talker.model.layers:
+    std = talker.config.initializer_range
+    for layer in talker.model.layers:
         torch.nn.init.normal_(layer.mlp.experts.gate_up_proj, mean=0.0, std=std)
         torch.nn.init.normal_(layer.mlp.experts.down_proj, mean=0.0, std=std)
         torch.nn.init.normal_(layer.mlp.gate.weight, mean=0.0, std=std)
@@ -239,7 +238,7 @@ def build_tiny_model(seed: int = 0) -> tuple[Qwen3OmniMoeForConditionalGeneratio
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3OmniMoeForConditionalGeneration(tiny_config(tokenizer)).eval()
-        init_talker_moe(model)
+        init_talker_moe(model.talker)
     _make_audible(model, torch.Generator().manual_seed(seed))
     return model, tokenizer
 

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from omnivoice.config import Profile
-from omnivoice.models.dummy import DummySource, build_dummy_model
+from omnivoice.models.dummy import DummySource, build_dummy_part, dummy_spec, dummy_tts_embeds
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
-from omnivoice.models.loader import ModelSpec, load_model, load_processor_parts
+from omnivoice.models.loader import ModelSpec, load_processor_parts
+from omnivoice.models.parts import load_part, load_tts_embeds
 from omnivoice.types import StageName
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,8 @@ StageReplica = tuple[StageName, int]
 def build_runners(
     profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
 ) -> dict[StageReplica, Any]:
-    """Load the checkpoint (or build the dummy model) once and build a runner per (stage, replica),
-    one after the other in this thread."""
+    """Load the parts of the checkpoint (or build those of the dummy model) that the stages in `only`
+    use, once, and build a runner per (stage, replica), one after the other in this thread."""
     factory = RunnerFactory(profile, path, only)
     runners = {(name, replica): factory.build(name, replica) for name, replica in only}
     log.info("runners ready: %s", factory.names)
@@ -36,9 +37,11 @@ def build_runners(
 
 
 class RunnerFactory:
-    """The loaded checkpoint (or dummy model) of the stages one worker host serves, and their runners.
+    """The model parts of the stages one worker host serves, and their runners.
 
-    Replicas on one device share that device's copy of the weights (thread workers); a replica on
+    Only the parts of the hosted stages are loaded (or, for a dummy model, built), each onto the
+    device of its stage's first hosted replica: a stage process holds its own stage's weights and no
+    other's. Replicas on one device share that device's copy of a part (thread workers); a replica on
     another device gets its own copy. Each stage thread calls `build` for its own runner, one stage
     after the other (engine/stage_thread.py): a runner's CUDA graphs are then captured by the thread that
     replays them (its own cuBLAS handle, so its own workspaces).
@@ -47,20 +50,27 @@ class RunnerFactory:
     def __init__(self, profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]) -> None:
         self.stages = stages = profile.stages
         torch.set_num_threads(max(stages.stage(s).threads for s, _ in only))
-        first_cfg = stages.stage(only[0][0])
-        first_device = first_cfg.replica_device(only[0][1])
         self.names = ", ".join(f"{s}#{r}" for s, r in only)
-        log.info("loading %s for %s (%s, %s)", path, self.names, first_device, first_cfg.dtype)
-        if isinstance(path, DummySource):  # random weights, built where the first stage runs
-            self.model, self.spec = build_dummy_model(path, first_device, _DTYPES[first_cfg.dtype])
-        else:
-            loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
-            self.model, self.spec = loaded.model, loaded.spec
-        if any(stages.stage(s).replica_device(r).startswith("cuda") for s, r in only):
-            _grouped_experts(self.model)
-        # the thinker compiles grammars against the served tokenizer
-        self.tokenizer = _tokenizer(profile, path) if any(s == "thinker" for s, _ in only) else None
+        self.spec = dummy_spec(path) if isinstance(path, DummySource) else ModelSpec.from_pretrained(path)
         self._placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
+        first: dict[StageName, int] = {}
+        for s, r in only:
+            first.setdefault(s, r)
+        for s, r in first.items():
+            cfg = stages.stage(s)
+            device = torch.device(cfg.replica_device(r))
+            log.info("loading the %s of %s for %s (%s, %s)", s, path, self.names, device, cfg.dtype)
+            part = _load_part(path, s, device, _DTYPES[cfg.dtype])
+            if s != "code2wav" and any(cfg.replica_device(i).startswith("cuda") for x, i in only if x == s):
+                _grouped_experts(part)
+            self._placed[(s, str(device))] = part
+        self._tts: torch.Tensor | None = None
+        if "talker" in first:
+            cfg = stages.stage("talker")
+            device = torch.device(cfg.replica_device(first["talker"]))
+            self._tts = _tts_embeds(path, self.spec, device, _DTYPES[cfg.dtype])
+        # the thinker compiles grammars against the served tokenizer
+        self.tokenizer = _tokenizer(profile, path) if "thinker" in first else None
 
     def build(self, name: StageName, replica: int) -> Any:
         """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled)."""
@@ -79,18 +89,30 @@ class RunnerFactory:
     def _tts_embeds(self) -> torch.Tensor:
         """The thinker's embeddings of the TTS bos, eos and pad tokens [3, H], which the talker's prompts
         use."""
-        special = torch.tensor([self.spec.tts_bos_id, self.spec.tts_eos_id, self.spec.tts_pad_id])
-        embed = self.model.thinker.get_input_embeddings()
-        return embed(special.to(embed.weight.device)).detach()
+        if self._tts is None:
+            raise RuntimeError("the talker's TTS embeddings were not loaded: no talker is hosted here")
+        return self._tts
 
     def _part(self, attr: str, device: torch.device, dtype: torch.dtype) -> Any:
         key = (attr, str(device))
-        if key not in self._placed:
-            module = getattr(self.model, attr)
-            # the first placement moves the loaded module; further devices get copies
-            moved = any(k[0] == attr for k in self._placed)
-            self._placed[key] = (copy.deepcopy(module) if moved else module).to(device, dtype)
+        if key not in self._placed:  # a replica on another device: a copy of the loaded part
+            loaded = next(m for (a, _), m in self._placed.items() if a == attr)
+            self._placed[key] = copy.deepcopy(loaded).to(device, dtype)
         return self._placed[key]
+
+
+def _load_part(path: Path | DummySource, part: StageName, device: torch.device, dtype: torch.dtype) -> Any:
+    if isinstance(path, DummySource):  # random weights, built on the device
+        return build_dummy_part(path, part, device, dtype)
+    return load_part(path, part, device, dtype)
+
+
+def _tts_embeds(
+    path: Path | DummySource, spec: ModelSpec, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    if isinstance(path, DummySource):
+        return dummy_tts_embeds(path, device, dtype)
+    return load_tts_embeds(path, spec, device, dtype)
 
 
 def _grouped_experts(model: Any) -> None:
@@ -101,8 +123,8 @@ def _grouped_experts(model: Any) -> None:
         log.warning("this transformers has no set_experts_implementation: MoE experts run as it chooses")
         return
     setter("grouped_mm")
-    text = getattr(getattr(model, "config", None), "thinker_config", None)
-    chosen = getattr(getattr(text, "text_config", None), "_experts_implementation", "?")
+    text = getattr(getattr(model, "config", None), "text_config", None)
+    chosen = getattr(text, "_experts_implementation", "?")
     log.info("MoE experts: %s", chosen)
 
 

@@ -6,7 +6,17 @@ import pytest
 import torch
 
 from omnivoice.config import ProfileError, parse_profile
-from omnivoice.models.dummy import REDUCED, DummySource, build_dummy_model, dummy_config, parse_source
+from omnivoice.models.dummy import (
+    PARTS,
+    REDUCED,
+    DummySource,
+    build_dummy_model,
+    build_dummy_part,
+    dummy_config,
+    dummy_spec,
+    dummy_tts_embeds,
+    parse_source,
+)
 
 FULL = DummySource("qwen3-omni-30b-a3b")
 
@@ -52,20 +62,27 @@ def test_full_config_is_the_public_checkpoint() -> None:
     assert 0.2e9 < sum(p.numel() for p in model.code2wav.parameters()) < 0.23e9
 
 
-def test_reduced_build_is_seeded_finite_and_inits_the_talker_experts() -> None:
+def test_reduced_parts_are_seeded_finite_and_init_the_talker_experts() -> None:
     source = DummySource(FULL.name, overrides=REDUCED)
-    model, spec = build_dummy_model(source, "cpu", torch.float32)
-    again, _ = build_dummy_model(source, "cpu", torch.float32)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
-    assert all(torch.isfinite(p).all() for p in model.parameters())
-    moe = model.talker.model.layers[0].mlp
+    parts = {p: build_dummy_part(source, p, "cpu", torch.float32) for p in PARTS}
+    for name, model in parts.items():
+        again = build_dummy_part(source, name, "cpu", torch.float32)  # alone: the same weights
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+        assert all(torch.isfinite(p).all() for p in model.parameters())
+        assert not model.training and not any(p.requires_grad for p in model.parameters())
+    moe = parts["talker"].model.layers[0].mlp
     for w in (moe.experts.gate_up_proj, moe.experts.down_proj, moe.gate.weight):
         assert 0.015 < float(w.std()) < 0.025  # initialised, not torch.empty / zeros
-    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    spec = dummy_spec(source)
     assert spec.thinker_eos_ids == (151645, 151643) and spec.codec_eos_id == 2150
     assert spec.speaker_id("Ethan") == 2302 and spec.samples_per_frame == 1920
-    other, _ = build_dummy_model(DummySource(FULL.name, seed=1, overrides=REDUCED), "cpu", torch.float32)
-    assert not torch.equal(other.talker.codec_head.weight, model.talker.codec_head.weight)
+    # the talker's workers read the thinker's TTS embeddings without building the thinker
+    table = parts["thinker"].get_input_embeddings().weight
+    tts = dummy_tts_embeds(source, "cpu", torch.float32)
+    assert torch.equal(tts, table[[spec.tts_bos_id, spec.tts_eos_id, spec.tts_pad_id]])
+    reseeded = DummySource(FULL.name, seed=1, overrides=REDUCED)
+    other = build_dummy_part(reseeded, "talker", "cpu", torch.float32)
+    assert not torch.equal(other.codec_head.weight, parts["talker"].codec_head.weight)
 
 
 def test_profile_validates_dummy_names() -> None:
@@ -75,3 +92,11 @@ def test_profile_validates_dummy_names() -> None:
         parse_profile({"model": {"path": "dummy:gpt"}})
     assert parse_source("dummy:qwen3-omni-30b-a3b") == FULL
     assert parse_source("/models/Qwen3-Omni-30B-A3B-Instruct") is None
+
+
+def test_the_whole_model_is_made_of_the_parts() -> None:
+    source = DummySource(FULL.name, overrides=REDUCED)
+    model, _ = build_dummy_model(source, "cpu", torch.float32)  # transformers' generate() runs on it
+    assert not any(p.is_meta for p in model.parameters())
+    talker = build_dummy_part(source, "talker", "cpu", torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(model.talker.parameters(), talker.parameters(), strict=True))

@@ -33,6 +33,7 @@ from omnivoice.types import (
     EngineOutput,
     EngineOverloaded,
     EngineStats,
+    EngineUnavailable,
     Finished,
     FunctionSpec,
     GenerationRequest,
@@ -186,6 +187,8 @@ class FakeEngine:
         return None
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
+        if self.failure:
+            raise EngineUnavailable(self.failure)
         why = self.overloaded(request)
         if why is not None:
             raise EngineOverloaded(why)

@@ -17,11 +17,18 @@ from starlette.responses import JSONResponse, Response
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.chat.format import ChunkWriter, Turn, completion_body, encode_audio
 from omnivoice.server.chat.sse import DONE, run_unless_disconnected, sse_event
-from omnivoice.server.errors import internal_error, server_overloaded, shutting_down
+from omnivoice.server.errors import (
+    APIError,
+    internal_error,
+    server_overloaded,
+    service_unavailable,
+    shutting_down,
+)
 from omnivoice.server.metrics import RequestTimer
 from omnivoice.types import (
     AudioChunk,
     EngineOverloaded,
+    EngineUnavailable,
     Finished,
     GenerationRequest,
     TextDelta,
@@ -45,6 +52,9 @@ async def complete(
     except EngineOverloaded as e:  # filled up between the check and the start: rare
         timer.finish("rejected")
         raise server_overloaded(str(e)) from None
+    except EngineUnavailable as e:  # the stages stopped between the check and the start
+        timer.finish("unavailable")
+        raise service_unavailable(str(e)) from None
     if result is None:
         timer.finish("cancelled")
         if stop.is_set():
@@ -57,7 +67,7 @@ async def complete(
     if fin.finish_reason not in ("stop", "length"):
         timer.finish("error", usage.prompt_tokens, usage.completion_tokens)
         log.warning("request %s: %s ended with %s: %s", rid, gen.request_id, fin.finish_reason, fin.error)
-        raise internal_error(fin.error or f"generation ended with {fin.finish_reason}")
+        raise _failed(engine, fin)
     timer.finish("ok", usage.prompt_tokens, usage.completion_tokens)
     _log_done(rid, gen.request_id, "ok", timer)
     # a response that is only calls has no audio: the talker never speaks a call
@@ -141,12 +151,16 @@ async def stream(
                     log.warning(
                         "request %s: %s ended with %s: %s", rid, gen.request_id, out.finish_reason, out.error
                     )
-                    yield sse_event(internal_error(out.error or f"generation {out.finish_reason}").body())
+                    yield sse_event(_failed(engine, out).body())
                 yield DONE
                 break
     except EngineOverloaded as e:  # filled up between the check and the start: rare
         status = "rejected"
         yield sse_event(server_overloaded(str(e)).body())
+        yield DONE
+    except EngineUnavailable as e:  # the stages stopped between the check and the start
+        status = "unavailable"
+        yield sse_event(service_unavailable(str(e)).body())
         yield DONE
     except Exception:
         status = "error"
@@ -157,6 +171,13 @@ async def stream(
         await outputs.aclose()
         timer.finish(status, usage.prompt_tokens, usage.completion_tokens)
         _log_done(rid, gen.request_id, status, timer)
+
+
+def _failed(engine: EngineAPI, fin: Finished) -> APIError:
+    """A request that ended with an error: 503 when the engine's stages stopped under it (they are
+    restarting, or could not be: retry), else a 500."""
+    message = fin.error or f"generation ended with {fin.finish_reason}"
+    return service_unavailable(message) if engine.failure else internal_error(message)
 
 
 def _log_done(rid: str, engine_id: str, status: str, timer: RequestTimer) -> None:

@@ -39,6 +39,7 @@ from omnivoice.types import (
     AudioChunk,
     ChatMessage,
     EngineOverloaded,
+    EngineUnavailable,
     Finished,
     TextDelta,
     ToolCallDelta,
@@ -117,6 +118,10 @@ class Response:
             log.info("session %s: response %s refused: %s", self.session_id, self.id, e)
             self._fail("server_error", "server_overloaded", str(e))
             self._outbox.put(error(str(e), "server_overloaded", type_="server_error"))
+        except EngineUnavailable as e:  # refused at once: the stages stopped (restarting, or not)
+            log.info("session %s: response %s refused: %s", self.session_id, self.id, e)
+            self._fail("server_error", "engine_unavailable", str(e))
+            self._outbox.put(error(str(e), "engine_unavailable", type_="server_error"))
         except Exception as e:
             log.exception("session %s: response %s failed", self.session_id, self.id)
             self._fail("server_error", "internal_error", f"the response failed: {type(e).__name__}")
@@ -205,9 +210,11 @@ class Response:
             )
         else:
             log.warning("session %s: response %s: engine error: %s", self.session_id, self.id, out.error)
-            self._fail("server_error", "engine_error", out.error or "generation failed")
+            message = out.error or "generation failed"
+            self._fail("server_error", "engine_error", message)
             # its audio still queued is never played: the failure is the next thing the client hears of
             self._outbox.drop(lambda e: e.get("response_id") != self.id or e["type"] != AUDIO_DELTA)
+            self._outbox.put(error(message, "engine_error", type_="server_error"))
 
     def _fail(self, type_: str, code: str, message: str) -> None:
         self.status = "failed"

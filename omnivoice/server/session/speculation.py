@@ -24,7 +24,7 @@ from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session.conversation import Conversation, Item, new_id
 from omnivoice.server.session.generation import ResponsePlan, Started, start_generation
-from omnivoice.types import AudioChunk, EngineOutput, EngineOverloaded, TextDelta
+from omnivoice.types import AudioChunk, EngineOutput, EngineOverloaded, EngineUnavailable, TextDelta
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Speculation:
             await asyncio.wait([warm])  # waits without cancelling it if this task is cancelled
         try:
             made = await start_generation(engine, self.response_id, session_id, self.plan, history)
-        except EngineOverloaded:
+        except (EngineOverloaded, EngineUnavailable):  # the confirmed response is refused with the reason
             return None
         except Exception:
             log.warning("session %s: speculative response failed to start", session_id, exc_info=True)

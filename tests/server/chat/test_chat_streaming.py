@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -134,6 +135,25 @@ async def test_engine_error_finish_becomes_an_error_event() -> None:
         assert chunks[-1] == {
             "error": {"message": "boom", "type": "server_error", "param": None, "code": None}
         }
+
+
+async def test_a_request_failed_by_the_engine_stopping_is_unavailable_not_an_internal_error() -> None:
+    # the engine's stages stop (a dead worker, a device fault) while requests are in flight: each ends
+    # with the engine's error and the server answers 503 (retry), over SSE and as a plain response
+    with serve_fake(Script(texts=("x",) * 40, audio_chunks=0, delay=0.05, finish_reason="error")) as s:
+        async with httpx.AsyncClient(base_url=s.url, timeout=30) as c:
+            plain = asyncio.create_task(c.post("/v1/chat/completions", json={"messages": USER}))
+            body = {"messages": USER, "stream": True}
+            async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                lines = r.aiter_lines()
+                await anext(lines)  # streaming: its headers (200) are sent
+                s.engine.failure = "the engine stopped unexpectedly; it is restarting, retry shortly"
+                rest = [line async for line in lines]
+            answered = await plain
+    chunks = [json.loads(x.removeprefix("data: ")) for x in rest if x.startswith("data: {")]
+    assert chunks[-1]["error"]["code"] == "service_unavailable"
+    assert chunks[-1]["error"]["message"] == "boom"  # the engine's own words for the request
+    assert answered.status_code == 503 and answered.json()["error"]["code"] == "service_unavailable"
 
 
 async def test_client_disconnect_mid_stream_aborts_the_request() -> None:

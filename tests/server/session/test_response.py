@@ -42,6 +42,33 @@ async def test_an_engine_failure_ends_a_websocket_response_before_its_queued_aud
     assert done.status_details.error.code == "engine_error"
     assert done.status_details.error.message == "boom"  # the engine's client-facing text
     assert sent_ms < MADE_MS / 2, sent_ms  # the rest was dropped, not played out first
+    errors = [e.error for e in before_done if e.type == "error"]  # an error event before the done
+    assert [(e.code, e.message) for e in errors] == [("engine_error", "boom")]
+
+
+async def test_a_response_while_the_engine_restarts_is_refused_and_the_session_stays(
+    srv: FakeServer,
+) -> None:
+    async with client(srv.url).realtime.connect(model="omnivoice") as conn:
+        rec = Recorder(conn)
+        await rec.next("session.created")
+        srv.engine.failure, srv.engine.restarting = "the engine is restarting", True
+        try:
+            await conn.conversation.item.create(item=ITEM)  # type: ignore[arg-type]
+            await conn.response.create()
+            error = await rec.next("error", timeout=10)
+            done = (await rec.next("response.done", timeout=10)).response
+        finally:
+            srv.engine.failure, srv.engine.restarting = None, False
+        await conn.response.create()  # the same session, once the engine is back
+        again = (await rec.next("response.done", timeout=10)).response
+        await rec.close()
+    assert error.error.code == "engine_unavailable" and error.error.message == "the engine is restarting"
+    assert done.status == "failed" and done.status_details is not None
+    assert done.status_details.error is not None and done.status_details.error.code == "engine_unavailable"
+    assert again.id != done.id and again.status == "failed"  # the script's own engine error, this time
+    assert again.status_details is not None and again.status_details.error is not None
+    assert again.status_details.error.code == "engine_error"
 
 
 async def test_an_engine_failure_ends_a_webrtc_response_before_its_queued_audio(srv: FakeServer) -> None:
