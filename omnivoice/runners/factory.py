@@ -14,6 +14,7 @@ from omnivoice.config import Profile
 from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_model, load_processor_parts
+from omnivoice.runners.start_steps import Report, StartSteps
 from omnivoice.types import StageName
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,12 @@ StageReplica = tuple[StageName, int]
 
 
 def build_runners(
-    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
+    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...], report: Report | None = None
 ) -> dict[StageReplica, Any]:
     """Load the checkpoint (or build the dummy model) once and build a runner per (stage, replica),
-    one after the other in this thread."""
-    factory = RunnerFactory(profile, path, only)
-    runners = {(name, replica): factory.build(name, replica) for name, replica in only}
+    one after the other in this thread; each step of the start is reported through `report`."""
+    factory = RunnerFactory(profile, path, only, report)
+    runners = {(name, replica): factory.build(name, replica, report) for name, replica in only}
     log.info("runners ready: %s", factory.names)
     return runners
 
@@ -44,26 +45,35 @@ class RunnerFactory:
     replays them (its own cuBLAS handle, so its own workspaces).
     """
 
-    def __init__(self, profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        path: Path | DummySource,
+        only: tuple[StageReplica, ...],
+        report: Report | None = None,
+    ) -> None:
         self.stages = stages = profile.stages
         torch.set_num_threads(max(stages.stage(s).threads for s, _ in only))
         first_cfg = stages.stage(only[0][0])
         first_device = first_cfg.replica_device(only[0][1])
         self.names = ", ".join(f"{s}#{r}" for s, r in only)
         log.info("loading %s for %s (%s, %s)", path, self.names, first_device, first_cfg.dtype)
-        if isinstance(path, DummySource):  # random weights, built where the first stage runs
-            self.model, self.spec = build_dummy_model(path, first_device, _DTYPES[first_cfg.dtype])
-        else:
-            loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
-            self.model, self.spec = loaded.model, loaded.spec
+        steps = StartSteps(*(only[0] if len(only) == 1 else ("engine", 0)), report)
+        with steps.step("load weights"):
+            if isinstance(path, DummySource):  # random weights, built where the first stage runs
+                self.model, self.spec = build_dummy_model(path, first_device, _DTYPES[first_cfg.dtype])
+            else:
+                loaded = load_model(path, device="cpu", dtype=_DTYPES[first_cfg.dtype])
+                self.model, self.spec = loaded.model, loaded.spec
         if any(stages.stage(s).replica_device(r).startswith("cuda") for s, r in only):
             _grouped_experts(self.model)
         # the thinker compiles grammars against the served tokenizer
         self.tokenizer = _tokenizer(profile, path) if any(s == "thinker" for s, _ in only) else None
         self._placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
 
-    def build(self, name: StageName, replica: int) -> Any:
-        """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled)."""
+    def build(self, name: StageName, replica: int, report: Report | None = None) -> Any:
+        """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled), its
+        start's steps reported through `report`."""
         cfg = self.stages.stage(name)
         device = torch.device(cfg.replica_device(replica))
         dtype = _DTYPES[cfg.dtype]
@@ -72,7 +82,10 @@ class RunnerFactory:
             return self._part(attr, device, dtype)
 
         began = time.perf_counter()
-        runner = _runner(name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer)
+        steps = StartSteps(name, replica, report)
+        runner = _runner(
+            name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer, steps
+        )
         log.info("%s runner (replica %d) built in %.1f s", name, replica, time.perf_counter() - began)
         return runner
 
@@ -122,15 +135,18 @@ def _runner(
     stages: Any,
     device: torch.device,
     tokenizer: Any,
+    steps: StartSteps,
 ) -> Any:
     from omnivoice.runners.code2wav import Code2WavRunner
     from omnivoice.runners.talker import TalkerRunner
     from omnivoice.runners.thinker import ThinkerRunner
 
     if name == "thinker":
-        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer, stages.priority)
+        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer, stages.priority, start=steps)
     if name == "talker":
-        return TalkerRunner(part("talker"), tts_embeds(), spec, cfg, device, stages.priority)
+        return TalkerRunner(part("talker"), tts_embeds(), spec, cfg, device, stages.priority, start=steps)
     chunk = stages.code2wav.chunk
     frame_s = 1.0 / spec.frame_rate
-    return Code2WavRunner(part("code2wav"), cfg, chunk, device, priority=stages.priority, frame_s=frame_s)
+    return Code2WavRunner(
+        part("code2wav"), cfg, chunk, device, priority=stages.priority, frame_s=frame_s, start=steps
+    )
