@@ -11,9 +11,11 @@ from typing import Any
 import torch
 
 from omnivoice.config import Profile
+from omnivoice.models.build_cache import default_cache_dir
 from omnivoice.models.dummy import DummySource, build_dummy_model
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_model, load_processor_parts
+from omnivoice.runners.compile_cache import CompiledArtifacts, artifact_key, use_inductor_cache_under
 from omnivoice.runners.start_steps import Report, StartSteps
 from omnivoice.types import StageName
 
@@ -43,6 +45,9 @@ class RunnerFactory:
     another device gets its own copy. Each stage thread calls `build` for its own runner, one stage
     after the other (engine/stage_thread.py): a runner's CUDA graphs are then captured by the thread that
     replays them (its own cuBLAS handle, so its own workspaces).
+
+    What torch.compile makes for these stages is kept after each build and loaded before the first
+    (runners/compile_cache.py), so a second start reuses it.
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class RunnerFactory:
         first_cfg = stages.stage(only[0][0])
         first_device = first_cfg.replica_device(only[0][1])
         self.names = ", ".join(f"{s}#{r}" for s, r in only)
+        self.artifacts = _kept_artifacts(profile, path, only)
         log.info("loading %s for %s (%s, %s)", path, self.names, first_device, first_cfg.dtype)
         steps = StartSteps(*(only[0] if len(only) == 1 else ("engine", 0)), report)
         with steps.step("load weights"):
@@ -87,6 +93,13 @@ class RunnerFactory:
             name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer, steps
         )
         log.info("%s runner (replica %d) built in %.1f s", name, replica, time.perf_counter() - began)
+        if self.artifacts is not None:
+            try:
+                self.artifacts.save()
+            except Exception:  # a cache that cannot be written costs the next start time, not this one
+                log.warning(
+                    "could not keep the compiled artifacts in %s", self.artifacts.folder, exc_info=True
+                )
         return runner
 
     def _tts_embeds(self) -> torch.Tensor:
@@ -104,6 +117,29 @@ class RunnerFactory:
             moved = any(k[0] == attr for k in self._placed)
             self._placed[key] = (copy.deepcopy(module) if moved else module).to(device, dtype)
         return self._placed[key]
+
+
+def _kept_artifacts(
+    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
+) -> CompiledArtifacts | None:
+    """The compiled artifacts kept for these stages, loaded into torch's caches; None when none of
+    them compiles (compile off, or not on a GPU)."""
+    stages = profile.stages
+    compiling = [
+        torch.device(stages.stage(s).replica_device(r))
+        for s, r in only
+        if stages.stage(s).compile and stages.stage(s).replica_device(r).startswith("cuda")
+    ]
+    if not compiling:
+        return None
+    cache = Path(profile.model.cache_dir).expanduser() if profile.model.cache_dir else default_cache_dir()
+    root = cache / "compiled"
+    use_inductor_cache_under(root)
+    settings = {f"{s}{r}": stages.stage(s).model_dump(mode="json") for s, r in only}
+    label = "-".join(f"{s}{r}" for s, r in only)
+    artifacts = CompiledArtifacts(root, artifact_key(label, str(path), settings, compiling[0]))
+    artifacts.load()
+    return artifacts
 
 
 def _grouped_experts(model: Any) -> None:
