@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnivoice.config import ChunkConfig, PriorityConfig, StageConfig
+from omnivoice.config import ChunkConfig, Code2WavStage, PriorityConfig
 from omnivoice.messages import CodecChunk, FirstAudioTimes, PcmOutput, StageFinished
 from omnivoice.runners.chunking import chunk_frames, window_lengths
 from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
@@ -61,7 +61,7 @@ class Code2WavRunner:
     def __init__(
         self,
         code2wav: Any,
-        cfg: StageConfig,
+        cfg: Code2WavStage,
         chunk: ChunkConfig,
         device: torch.device,
         pad: bool | None = None,
@@ -78,7 +78,16 @@ class Code2WavRunner:
         self.upsample = int(code2wav.total_upsample)
         self.policy = PlaybackPolicy(priority or PriorityConfig(), frame_s)
         graphs = cfg.execution == "cuda_graph"
-        self.vocoder = Code2WavStep(code2wav, window_lengths(chunk), cfg.max_batch, device, graphs, pad)
+        self.vocoder = Code2WavStep(
+            code2wav,
+            window_lengths(chunk),
+            cfg.max_batch,
+            device,
+            graphs,
+            pad,
+            tune_from_batch=cfg.cudnn_tune_from_batch,
+            benchmark_limit=cfg.cudnn_benchmark_limit,
+        )
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
