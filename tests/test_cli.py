@@ -123,7 +123,7 @@ def test_a_signal_while_the_engine_starts_is_a_clean_stop(caplog: pytest.LogCapt
         async def close(self) -> None:
             closed.append(True)
 
-    async def slow(profile: Profile, progress: object) -> object:
+    async def slow(profile: Profile) -> object:
         asyncio.get_running_loop().call_later(0.5, os.kill, os.getpid(), signal.SIGTERM)
         await asyncio.sleep(1.5)  # still starting when the signal comes
         return Slow()
@@ -136,7 +136,7 @@ def test_a_signal_while_the_engine_starts_is_a_clean_stop(caplog: pytest.LogCapt
 
 
 def test_run_server_exits_1_when_the_engine_fails(caplog: pytest.LogCaptureFixture) -> None:
-    async def broken(profile: Profile, progress: object) -> object:
+    async def broken(profile: Profile) -> object:
         raise RuntimeError("no weights here")
 
     with caplog.at_level(logging.INFO):

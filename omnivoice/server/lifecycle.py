@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,8 +22,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # `Engine.start`, or a stand-in with the same interface (tests): it starts the engine of a profile,
-# telling the StartProgress each step of the start.
-EngineFactory = Callable[[Profile, StartProgress], Awaitable[EngineAPI]]
+# telling the StartProgress each step of the start (a factory of one parameter is told nothing).
+EngineFactory = (
+    Callable[[Profile, StartProgress], Awaitable[EngineAPI]] | Callable[[Profile], Awaitable[EngineAPI]]
+)
 
 
 async def start_default_engine(profile: Profile, progress: StartProgress) -> Engine:
@@ -30,6 +33,17 @@ async def start_default_engine(profile: Profile, progress: StartProgress) -> Eng
     so that neither importing the HTTP layer nor the event loop pays for it."""
     engine_cls = await asyncio.to_thread(_import_engine)
     return await engine_cls.start(profile, progress=progress)
+
+
+def _call(factory: EngineFactory, profile: Profile, progress: StartProgress) -> Awaitable[EngineAPI]:
+    """`factory(profile, progress)`, or `factory(profile)` for a factory of one parameter."""
+    try:
+        takes_progress = len(inspect.signature(factory).parameters) >= 2
+    except (TypeError, ValueError):  # no signature to read: the full form
+        takes_progress = True
+    if takes_progress:
+        return factory(profile, progress)  # type: ignore[call-arg]
+    return factory(profile)  # type: ignore[call-arg]
 
 
 def _import_engine() -> type[Engine]:
@@ -72,7 +86,7 @@ class EngineLifecycle:
     async def _run(self) -> None:
         t0 = time.perf_counter()
         try:
-            engine = await self._factory(self._profile, self.progress)
+            engine = await _call(self._factory, self._profile, self.progress)
         except Exception as e:
             log.exception("engine failed to start")
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"
