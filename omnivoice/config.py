@@ -190,6 +190,19 @@ class TalkerStage(StageConfig):
 
 class Code2WavStage(StageConfig):
     chunk: ChunkConfig = ChunkConfig()
+    cudnn_tune_from_batch: int = Field(
+        1,
+        ge=1,
+        description="CUDA devices: batch buckets from this size on have cuDNN time its convolution "
+        "algorithms for each window length at start (the fastest kept for serving); smaller ones take "
+        "cuDNN's heuristic choice, which starts sooner. Above max_batch: no timing at all",
+    )
+    cudnn_benchmark_limit: int = Field(
+        10,
+        ge=0,
+        description="CUDA devices: convolution algorithms cuDNN times per shape when it tunes (torch's "
+        "cudnn.benchmark_limit; fewer start sooner, 0: all of them)",
+    )
 
 
 class PriorityConfig(_Strict):

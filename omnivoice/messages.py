@@ -130,6 +130,22 @@ class StageFinished:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class StartStep:
+    """Stage worker -> engine: a step of its start (loading, compiling, capturing graphs) began
+    (`seconds` None) or ended after `seconds` (runners/start_steps.py, engine/start_progress.py)."""
+
+    stage: str  # thinker, talker, code2wav, or engine for the engine's own steps
+    replica: int
+    step: str
+    seconds: float | None = None
+
+    @property
+    def name(self) -> str:
+        """`stage#replica step`: the step's name in the log, `/health` and the kept start times."""
+        return f"{self.stage}#{self.replica} {self.step}"
+
+
 StageInput = (
     NewRequest | ThinkerChunk | CodecChunk | AudioStarted | Abort | ForgetPrefix | EncodeAhead | Shutdown
 )

@@ -30,6 +30,8 @@ from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.request_state import RequestState
+from omnivoice.engine.start_progress import StartProgress
+from omnivoice.engine.start_record import start_record
 from omnivoice.engine.stuck import ProgressWatch
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
@@ -38,6 +40,7 @@ from omnivoice.models.dummy import DummySource
 from omnivoice.models.grammars import grammar_error
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.models.tool_calls import call_grammar
+from omnivoice.runners.start_steps import StartSteps
 from omnivoice.types import (
     STAGES,
     Capacity,
@@ -89,24 +92,42 @@ class Engine(Dispatch):
         self._dispatcher.start()
 
     @classmethod
-    async def start(cls, profile: Profile, source: Path | DummySource | None = None) -> Engine:
-        return await asyncio.to_thread(cls.start_sync, profile, source)
+    async def start(
+        cls,
+        profile: Profile,
+        source: Path | DummySource | None = None,
+        progress: StartProgress | None = None,
+    ) -> Engine:
+        return await asyncio.to_thread(cls.start_sync, profile, source, progress)
 
     @classmethod
-    def start_sync(cls, profile: Profile, source: Path | DummySource | None = None) -> Engine:
-        """Start the stages of `profile` on `source` (default: the profile's model.path)."""
-        model = load_served_model(profile, source)
+    def start_sync(
+        cls,
+        profile: Profile,
+        source: Path | DummySource | None = None,
+        progress: StartProgress | None = None,
+    ) -> Engine:
+        """Start the stages of `profile` on `source` (default: the profile's model.path). `progress`:
+        where the steps of the start are gathered (engine/start_progress.py)."""
+        progress = progress or StartProgress()
+        record = start_record(profile, profile.model.path if source is None else source)
+        progress.expect(*record.load())
+        steps = StartSteps("engine", 0, progress.record)
+        with steps.step("load model"):
+            model = load_served_model(profile, source)
         reclaim()  # what a server of ours that died (kill -9) left: its stage processes, its segments
         log.info("starting stages for %s", model.source)
-        pipeline = Pipeline.start(profile, model.source)
+        pipeline = Pipeline.start(profile, model.source, progress=progress.record)
         log.info("all stages ready")
         engine = cls(profile, model, pipeline)
         if profile.stages.warms_burst():
             try:
-                warm_burst(engine, profile.stages, model.spec, newline_id(model.tokenizer))
+                with steps.step("warm burst"):
+                    warm_burst(engine, profile.stages, model.spec, newline_id(model.tokenizer))
             except BaseException:
                 run_apart(engine.close())
                 raise
+        record.save(progress.times(), progress.elapsed())
         return engine
 
     def hold_restarts(self) -> None:

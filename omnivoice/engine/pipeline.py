@@ -30,7 +30,8 @@ from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageReady
 from omnivoice.engine.stage_process import stage_process_main
 from omnivoice.engine.stage_thread import BuildTurns, stage_thread_main
-from omnivoice.messages import Shutdown
+from omnivoice.messages import Shutdown, StartStep
+from omnivoice.runners.start_steps import Report
 from omnivoice.types import STAGES, StageName
 
 if TYPE_CHECKING:
@@ -55,10 +56,16 @@ class Pipeline:
 
     @classmethod
     def start(
-        cls, profile: Profile, model_path: Path | DummySource, timeout: float = 600.0, ray: Any = None
+        cls,
+        profile: Profile,
+        model_path: Path | DummySource,
+        timeout: float = 600.0,
+        ray: Any = None,
+        progress: Report | None = None,
     ) -> Pipeline:
         """Start every stage worker and wait until all are ready. `ray`: the RayStages of a pipeline
-        stopped with keep_ray (a restart), whose Ray connection this one takes over."""
+        stopped with keep_ray (a restart), whose Ray connection this one takes over. `progress`: told
+        each step of the workers' start (engine/start_progress.py)."""
         cfg = profile.stages.stage
         use_processes = any(cfg(s).worker == "process" for s in STAGES)
         ctx = mp.get_context("spawn")
@@ -87,7 +94,7 @@ class Pipeline:
         seat = seats(board, [(w, cfg(w[0]).replica_device(w[1])) for w in workers])
         in_thread = tuple(w for w in workers if cfg(w[0]).worker == "thread")
         if in_thread:
-            pipe._start_threads(profile, model_path, in_thread, downstream, seat)
+            pipe._start_threads(profile, model_path, in_thread, downstream, seat, progress)
         for s, r in workers:
             if (s, r) in in_thread:
                 continue
@@ -106,7 +113,7 @@ class Pipeline:
         if pipe.processes:
             pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
             atexit.register(pipe._end_at_exit)
-        pipe._wait_ready(set(workers), timeout)
+        pipe._wait_ready(set(workers), timeout, progress)
         if in_thread:
             freeze_built_objects("stages in the server process")
         return pipe
@@ -118,11 +125,12 @@ class Pipeline:
         workers: tuple[tuple[StageName, int], ...],
         downstream: dict[StageName, list[Connector]],
         seat: dict[Any, Any],
+        progress: Report | None,
     ) -> None:
         """Start the stages that run on threads of this process; each builds its runner in its thread."""
         from omnivoice.runners.factory import RunnerFactory
 
-        factory = RunnerFactory(profile, model_path, workers)  # the weights, loaded once
+        factory = RunnerFactory(profile, model_path, workers, progress)  # the weights, loaded once
         turns = BuildTurns(len(workers))
         for i, (s, r) in enumerate(workers):
             t = threading.Thread(
@@ -139,11 +147,16 @@ class Pipeline:
         """True when `stage` runs on a thread of this process (it shares this process's device context)."""
         return any(t.name.startswith(f"stage-{stage}-") for t in self.threads)
 
-    def _wait_ready(self, pending: set[tuple[StageName, int]], timeout: float) -> None:
+    def _wait_ready(
+        self, pending: set[tuple[StageName, int]], timeout: float, progress: Report | None
+    ) -> None:
         deadline = time.monotonic() + timeout
         while pending:
             msg = self.engine_inbox.get(timeout=0.5)
-            if isinstance(msg, StageReady):
+            if isinstance(msg, StartStep):
+                if progress is not None:
+                    progress(msg)
+            elif isinstance(msg, StageReady):
                 pending.discard((msg.stage, msg.replica))
             elif isinstance(msg, StageCrashed):
                 self.stop()

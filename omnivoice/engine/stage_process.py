@@ -89,7 +89,8 @@ def _serve(
     from omnivoice.runners.factory import build_runners
 
     try:
-        runner = build_runners(profile, model_path, only=((name, replica),))[(name, replica)]
+        only = ((name, replica),)
+        runner = build_runners(profile, model_path, only=only, report=engine.put)[(name, replica)]
     except Exception as e:  # report, so the engine fails fast instead of waiting
         log.exception("%s stage (replica %d) failed to start", name, replica)
         engine.put(StageCrashed(name, repr(e)))

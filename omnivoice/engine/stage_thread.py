@@ -63,7 +63,7 @@ def stage_thread_main(
             if not go:
                 log.info("%s stage (replica %d): not built (an earlier stage failed)", name, replica)
                 return
-            runner = factory.build(name, replica)
+            runner = factory.build(name, replica, report=engine.put)
     except Exception as e:  # report, so the engine fails fast instead of waiting
         log.exception("%s stage (replica %d) failed to start", name, replica)
         engine.put(StageCrashed(name, repr(e)))

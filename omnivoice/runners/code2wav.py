@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnivoice.config import ChunkConfig, PriorityConfig, StageConfig
+from omnivoice.config import ChunkConfig, Code2WavStage, PriorityConfig
 from omnivoice.messages import CodecChunk, FirstAudioTimes, PcmOutput, StageFinished
 from omnivoice.runners.chunking import chunk_frames, window_lengths
 from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
+from omnivoice.runners.start_steps import StartSteps
 from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
 from omnivoice.types import StageStats
 
@@ -60,15 +61,16 @@ class Code2WavRunner:
     def __init__(
         self,
         code2wav: Any,
-        cfg: StageConfig,
+        cfg: Code2WavStage,
         chunk: ChunkConfig,
         device: torch.device,
         pad: bool | None = None,
         priority: PriorityConfig | None = None,
         frame_s: float = 0.08,
+        start: StartSteps | None = None,
     ) -> None:
         """`pad`: decode at the padded shapes of a GPU (default: on CUDA devices only); `frame_s`: the
-        seconds of audio in one codec frame."""
+        seconds of audio in one codec frame; `start`: where the steps of the build are timed."""
         self.model = code2wav
         self.cfg = cfg
         self.chunk = chunk
@@ -76,16 +78,28 @@ class Code2WavRunner:
         self.upsample = int(code2wav.total_upsample)
         self.policy = PlaybackPolicy(priority or PriorityConfig(), frame_s)
         graphs = cfg.execution == "cuda_graph"
-        self.vocoder = Code2WavStep(code2wav, window_lengths(chunk), cfg.max_batch, device, graphs, pad)
+        self.vocoder = Code2WavStep(
+            code2wav,
+            window_lengths(chunk),
+            cfg.max_batch,
+            device,
+            graphs,
+            pad,
+            tune_from_batch=cfg.cudnn_tune_from_batch,
+            benchmark_limit=cfg.cudnn_benchmark_limit,
+        )
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
         self._step_s = 0.0  # moving average of a decode's time
         if device.type == "cuda":
+            steps = start or StartSteps(self.name)
             with cudnn_autotuning():  # the fused kernels' first decode included
                 if cfg.compile:
-                    self._fuse_activations()
-                self.vocoder.warm_up()
+                    with steps.step("activations"):
+                        self._fuse_activations()
+                with steps.step("graphs" if graphs else "shapes"):
+                    self.vocoder.warm_up()
 
     @torch.inference_mode()
     def _fuse_activations(self) -> None:

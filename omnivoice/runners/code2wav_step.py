@@ -33,20 +33,23 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def cudnn_autotuning() -> Iterator[None]:
-    """cuDNN benchmarks its convolution algorithms for each new shape while this is open.
+def cudnn_autotuning(enabled: bool = True, limit: int | None = None) -> Iterator[None]:
+    """cuDNN benchmarks its convolution algorithms for each new shape while this is open (`enabled`),
+    trying at most `limit` of them per shape (None: torch's setting, 0: all).
 
     The chosen algorithm is cached per shape and used afterwards with the flag off too, so warming up
     every shape here fixes the algorithms of later eager decodes and graphs (cuDNN's heuristic picked
-    a slow implicit-GEMM convolution at batch 32). The flag is process-wide: open this only while no
+    a slow implicit-GEMM convolution at batch 32). The flags are process-wide: open this only while no
     other stage runs (when the runners are built).
     """
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
+    before = torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit
+    torch.backends.cudnn.benchmark = enabled
+    if limit is not None:
+        torch.backends.cudnn.benchmark_limit = limit
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark = before
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit = before
 
 
 class Code2WavStep:
@@ -60,8 +63,14 @@ class Code2WavStep:
         device: torch.device,
         graphs: bool,
         pad: bool | None = None,
+        tune_from_batch: int = 1,
+        benchmark_limit: int | None = None,
     ) -> None:
+        """`tune_from_batch`: the smallest batch bucket whose shapes cuDNN times at start (smaller ones
+        take its heuristic's algorithms); `benchmark_limit`: algorithms timed per shape."""
         self.model = code2wav
+        self.tune_from_batch = tune_from_batch
+        self.benchmark_limit = benchmark_limit
         self.device = device
         self.upsample = int(code2wav.total_upsample)
         self.groups = int(code2wav.config.num_quantizers)
@@ -96,25 +105,30 @@ class Code2WavStep:
         return [row[: wav.shape[1] - c] for row, c in zip(wav, cut, strict=True)]
 
     def warm_up(self) -> None:
-        """Run every (batch bucket, window length) shape once with cuDNN autotuning, capturing its CUDA
-        graph when graphs are on, so nothing is tuned or captured while serving. Largest first: later,
-        smaller captures reuse the graph pool's memory."""
+        """Run every (batch bucket, window length) shape once, capturing its CUDA graph when graphs are
+        on, so nothing is tuned or captured while serving; cuDNN times its algorithms for the shapes of
+        batches from `tune_from_batch` on. Largest first: later, smaller captures reuse the graph
+        pool's memory."""
         if not (self.pad and self.device.type == "cuda"):
             return
         began = time.perf_counter()
-        with torch.inference_mode(), cudnn_autotuning():
+        with torch.inference_mode():
             for rows in reversed(self.batch_sizes):
-                for frames in reversed(self.windows):
-                    self._run(torch.zeros(rows, self.groups, frames, dtype=torch.long, device=self.device))
+                with cudnn_autotuning(rows >= self.tune_from_batch, self.benchmark_limit):
+                    for frames in reversed(self.windows):
+                        codes = torch.zeros(rows, self.groups, frames, dtype=torch.long, device=self.device)
+                        self._run(codes)
         torch.cuda.synchronize(self.device)
         graphs = len(self.graphs.captured)
         what = f"{graphs} CUDA graphs captured" if self.graphs.enabled else "every shape warmed up (eager)"
+        tuned = [n for n in self.batch_sizes if n >= self.tune_from_batch]
         log.info(
-            "code2wav: %s in %.1f s (batch %s x window frames %s)",
+            "code2wav: %s in %.1f s (batch %s x window frames %s; cuDNN tuned batches %s)",
             what,
             time.perf_counter() - began,
             list(self.batch_sizes),
             list(self.windows),
+            tuned,
         )
 
     def _run(self, codes: torch.Tensor) -> torch.Tensor:

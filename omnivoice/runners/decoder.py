@@ -174,13 +174,18 @@ class DecoderStack:
             cache.lengths[slot] = start + n
         return out, kept
 
+    @property
+    def compiles_prefill(self) -> bool:
+        """Whether prompts run through compiled layers (`warm_prefill` has something to compile)."""
+        return self._fused_prefill and isinstance(self._layer, CompiledFn)
+
     def warm_prefill(self, cache: SlotKVCache, dtype: torch.dtype) -> None:
         """Compile the fused layers at prompt shapes before serving, or the first requests would wait
         for it (a compile takes seconds, and a burst whose shape is first met while serving stalls
         every request in it). The MoE's grouping switches past `fused_layers.SCAN_PAIRS` pairs, so two
         kinds of prompt batch are run once each, below and past the switch (a one-row batch is run as
         two rows, see `prefill`). Borrows free slots and gives them back."""
-        if not self._fused_prefill or not isinstance(self._layer, CompiledFn):
+        if not self.compiles_prefill:
             return
         began = time.perf_counter()
         moes = [w.mlp for w in self._fused if w is not None and isinstance(w.mlp, MoeWeights)]

@@ -11,10 +11,13 @@ from typing import Any
 import torch
 
 from omnivoice.config import Profile
+from omnivoice.models.build_cache import default_cache_dir
 from omnivoice.models.dummy import DummySource, build_dummy_part, dummy_spec, dummy_tts_embeds
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.parts import load_part, load_tts_embeds
+from omnivoice.runners.compile_cache import CompiledArtifacts, artifact_key, use_inductor_cache_under
+from omnivoice.runners.start_steps import Report, StartSteps
 from omnivoice.types import StageName
 
 log = logging.getLogger(__name__)
@@ -26,12 +29,13 @@ StageReplica = tuple[StageName, int]
 
 
 def build_runners(
-    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
+    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...], report: Report | None = None
 ) -> dict[StageReplica, Any]:
     """Load the parts of the checkpoint (or build those of the dummy model) that the stages in `only`
-    use, once, and build a runner per (stage, replica), one after the other in this thread."""
-    factory = RunnerFactory(profile, path, only)
-    runners = {(name, replica): factory.build(name, replica) for name, replica in only}
+    use, once, and build a runner per (stage, replica), one after the other in this thread; each step
+    of the start is reported through `report`."""
+    factory = RunnerFactory(profile, path, only, report)
+    runners = {(name, replica): factory.build(name, replica, report) for name, replica in only}
     log.info("runners ready: %s", factory.names)
     return runners
 
@@ -45,22 +49,34 @@ class RunnerFactory:
     another device gets its own copy. Each stage thread calls `build` for its own runner, one stage
     after the other (engine/stage_thread.py): a runner's CUDA graphs are then captured by the thread that
     replays them (its own cuBLAS handle, so its own workspaces).
+
+    What torch.compile makes for these stages is kept after each build and loaded before the first
+    (runners/compile_cache.py), so a second start reuses it.
     """
 
-    def __init__(self, profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        path: Path | DummySource,
+        only: tuple[StageReplica, ...],
+        report: Report | None = None,
+    ) -> None:
         self.stages = stages = profile.stages
         torch.set_num_threads(max(stages.stage(s).threads for s, _ in only))
         self.names = ", ".join(f"{s}#{r}" for s, r in only)
         self.spec = dummy_spec(path) if isinstance(path, DummySource) else ModelSpec.from_pretrained(path)
+        self.artifacts = _kept_artifacts(profile, path, only)
         self._placed: dict[tuple[str, str], Any] = {}  # (part, device) -> module on that device
         first: dict[StageName, int] = {}
         for s, r in only:
             first.setdefault(s, r)
+        steps = StartSteps(*(only[0] if len(only) == 1 else ("engine", 0)), report)
         for s, r in first.items():
             cfg = stages.stage(s)
             device = torch.device(cfg.replica_device(r))
             log.info("loading the %s of %s for %s (%s, %s)", s, path, self.names, device, cfg.dtype)
-            part = _load_part(path, s, device, _DTYPES[cfg.dtype])
+            with steps.step("load weights" if len(first) == 1 else f"load {s} weights"):
+                part = _load_part(path, s, device, _DTYPES[cfg.dtype])
             if s != "code2wav" and any(cfg.replica_device(i).startswith("cuda") for x, i in only if x == s):
                 _grouped_experts(part)
             self._placed[(s, str(device))] = part
@@ -72,8 +88,9 @@ class RunnerFactory:
         # the thinker compiles grammars against the served tokenizer
         self.tokenizer = _tokenizer(profile, path) if "thinker" in first else None
 
-    def build(self, name: StageName, replica: int) -> Any:
-        """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled)."""
+    def build(self, name: StageName, replica: int, report: Report | None = None) -> Any:
+        """The runner of `name` replica `replica` (its CUDA graphs captured, its kernels compiled), its
+        start's steps reported through `report`."""
         cfg = self.stages.stage(name)
         device = torch.device(cfg.replica_device(replica))
         dtype = _DTYPES[cfg.dtype]
@@ -82,8 +99,18 @@ class RunnerFactory:
             return self._part(attr, device, dtype)
 
         began = time.perf_counter()
-        runner = _runner(name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer)
+        steps = StartSteps(name, replica, report)
+        runner = _runner(
+            name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer, steps
+        )
         log.info("%s runner (replica %d) built in %.1f s", name, replica, time.perf_counter() - began)
+        if self.artifacts is not None:
+            try:
+                self.artifacts.save()
+            except Exception:  # a cache that cannot be written costs the next start time, not this one
+                log.warning(
+                    "could not keep the compiled artifacts in %s", self.artifacts.folder, exc_info=True
+                )
         return runner
 
     def _tts_embeds(self) -> torch.Tensor:
@@ -115,6 +142,29 @@ def _tts_embeds(
     return load_tts_embeds(path, spec, device, dtype)
 
 
+def _kept_artifacts(
+    profile: Profile, path: Path | DummySource, only: tuple[StageReplica, ...]
+) -> CompiledArtifacts | None:
+    """The compiled artifacts kept for these stages, loaded into torch's caches; None when none of
+    them compiles (compile off, or not on a GPU)."""
+    stages = profile.stages
+    compiling = [
+        torch.device(stages.stage(s).replica_device(r))
+        for s, r in only
+        if stages.stage(s).compile and stages.stage(s).replica_device(r).startswith("cuda")
+    ]
+    if not compiling:
+        return None
+    cache = Path(profile.model.cache_dir).expanduser() if profile.model.cache_dir else default_cache_dir()
+    root = cache / "compiled"
+    use_inductor_cache_under(root)
+    settings = {f"{s}{r}": stages.stage(s).model_dump(mode="json") for s, r in only}
+    label = "-".join(f"{s}{r}" for s, r in only)
+    artifacts = CompiledArtifacts(root, artifact_key(label, str(path), settings, compiling[0]))
+    artifacts.load()
+    return artifacts
+
+
 def _grouped_experts(model: Any) -> None:
     """MoE experts as grouped GEMMs on GPUs: a few kernels per layer and no host sync (so decode steps
     can be captured as CUDA graphs), instead of a loop over the experts a batch hits."""
@@ -144,15 +194,18 @@ def _runner(
     stages: Any,
     device: torch.device,
     tokenizer: Any,
+    steps: StartSteps,
 ) -> Any:
     from omnivoice.runners.code2wav import Code2WavRunner
     from omnivoice.runners.talker import TalkerRunner
     from omnivoice.runners.thinker import ThinkerRunner
 
     if name == "thinker":
-        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer, stages.priority)
+        return ThinkerRunner(part("thinker"), spec, cfg, device, tokenizer, stages.priority, start=steps)
     if name == "talker":
-        return TalkerRunner(part("talker"), tts_embeds(), spec, cfg, device, stages.priority)
+        return TalkerRunner(part("talker"), tts_embeds(), spec, cfg, device, stages.priority, start=steps)
     chunk = stages.code2wav.chunk
     frame_s = 1.0 / spec.frame_rate
-    return Code2WavRunner(part("code2wav"), cfg, chunk, device, priority=stages.priority, frame_s=frame_s)
+    return Code2WavRunner(
+        part("code2wav"), cfg, chunk, device, priority=stages.priority, frame_s=frame_s, start=steps
+    )

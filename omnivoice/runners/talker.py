@@ -33,6 +33,7 @@ from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
+from omnivoice.runners.start_steps import StartSteps
 from omnivoice.runners.talker_inputs import TalkerInputs
 from omnivoice.runners.talker_outputs import FrameReader
 from omnivoice.runners.talker_prefill import forward_prefill, prompt_inputs
@@ -68,7 +69,9 @@ class TalkerRunner:
         cfg: TalkerStage,
         device: torch.device,
         priority: PriorityConfig | None = None,
+        start: StartSteps | None = None,
     ) -> None:
+        """`start`: where the steps of the build are timed."""
         self.model = talker
         self.spec = spec
         self.cfg = cfg
@@ -107,10 +110,13 @@ class TalkerRunner:
         self._steps = 0
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
+        steps = start or StartSteps(self.name)
         if graphs:
-            self._capture_graphs()
-        with torch.inference_mode():
-            self.stack.warm_prefill(self.cache, self.dtype)
+            with steps.step("graphs"):
+                self._capture_graphs()
+        if self.stack.compiles_prefill:
+            with steps.step("prefill compile"), torch.inference_mode():
+                self.stack.warm_prefill(self.cache, self.dtype)
 
     # ---- StageRunner -------------------------------------------------------------------------
     def accept(self, msg: Any) -> list[Any]:

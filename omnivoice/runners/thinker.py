@@ -34,6 +34,7 @@ from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.prefix_cache import PrefixCache
 from omnivoice.runners.priority import PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
+from omnivoice.runners.start_steps import StartSteps
 from omnivoice.runners.thinker_audio import ThinkerAudio
 from omnivoice.runners.thinker_inputs import check_audio
 from omnivoice.runners.thinker_outputs import TokenReader
@@ -59,9 +60,10 @@ class ThinkerRunner:
         device: torch.device,
         tokenizer: Any | None = None,
         priority: PriorityConfig | None = None,
+        start: StartSteps | None = None,
     ) -> None:
         """`tokenizer`: the served model's (Hugging Face), which grammars are compiled against; without
-        one, a request with a grammar is refused."""
+        one, a request with a grammar is refused. `start`: where the steps of the build are timed."""
         self.model = thinker
         self.spec = spec
         self.cfg = cfg
@@ -99,11 +101,14 @@ class ThinkerRunner:
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
         self._cached_tokens = 0
+        steps = start or StartSteps(self.name)
         if graphs:
-            with torch.inference_mode():
+            with steps.step("decode graphs"), torch.inference_mode():
                 self.decode_step.capture_all(text_model.config.hidden_size, thinker.dtype)
-        with torch.inference_mode():
-            self.stack.warm_prefill(self.cache, thinker.dtype)
+        if self.stack.compiles_prefill:
+            with steps.step("prefill compile"), torch.inference_mode():
+                self.stack.warm_prefill(self.cache, thinker.dtype)
+        with steps.step("audio encoder"), torch.inference_mode():
             encoder.capture_all()
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
+from omnivoice.engine.start_progress import StartProgress
 from omnivoice.server.errors import server_overloaded, service_unavailable, shutting_down
 from omnivoice.types import Capacity, EngineStats
 
@@ -19,15 +21,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# `Engine.start`, or a stand-in with the same interface (tests).
-EngineFactory = Callable[[Profile], Awaitable[EngineAPI]]
+# `Engine.start`, or a stand-in with the same interface (tests): it starts the engine of a profile,
+# telling the StartProgress each step of the start (a factory of one parameter is told nothing).
+EngineFactory = (
+    Callable[[Profile, StartProgress], Awaitable[EngineAPI]] | Callable[[Profile], Awaitable[EngineAPI]]
+)
 
 
-async def start_default_engine(profile: Profile) -> Engine:
+async def start_default_engine(profile: Profile, progress: StartProgress) -> Engine:
     """`Engine.start(profile)`, importing the model stack (torch, transformers: seconds) in a thread
     so that neither importing the HTTP layer nor the event loop pays for it."""
     engine_cls = await asyncio.to_thread(_import_engine)
-    return await engine_cls.start(profile)
+    return await engine_cls.start(profile, progress=progress)
+
+
+def _call(factory: EngineFactory, profile: Profile, progress: StartProgress) -> Awaitable[EngineAPI]:
+    """`factory(profile, progress)`, or `factory(profile)` for a factory of one parameter."""
+    try:
+        takes_progress = len(inspect.signature(factory).parameters) >= 2
+    except (TypeError, ValueError):  # no signature to read: the full form
+        takes_progress = True
+    if takes_progress:
+        return factory(profile, progress)  # type: ignore[call-arg]
+    return factory(profile)  # type: ignore[call-arg]
 
 
 def _import_engine() -> type[Engine]:
@@ -39,7 +55,8 @@ def _import_engine() -> type[Engine]:
 class EngineLifecycle:
     """Starts the engine in the background so the server answers `/health` (503) while it loads.
 
-    state: starting -> ready | failed -> closed.
+    state: starting -> ready | failed -> closed. While starting, `progress` holds the steps of the
+    start so far and what the last start says remains (engine/start_progress.py).
 
     Once `drain` starts, the engine restarts no stage worker that dies (`Engine.hold_restarts`).
     """
@@ -50,6 +67,7 @@ class EngineLifecycle:
         self.state: Literal["starting", "ready", "failed", "closed"] = "starting"
         self.engine: EngineAPI | None = None
         self.error: str | None = None
+        self.progress = StartProgress()
         self._task: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
         self._draining = False
@@ -68,7 +86,7 @@ class EngineLifecycle:
     async def _run(self) -> None:
         t0 = time.perf_counter()
         try:
-            engine = await self._factory(self._profile)
+            engine = await _call(self._factory, self._profile, self.progress)
         except Exception as e:
             log.exception("engine failed to start")
             self.state, self.error = "failed", f"{type(e).__name__}: {e}"

@@ -10,8 +10,9 @@ from omnivoice.server.errors import not_found
 
 
 async def health(request: Request) -> Response:
-    """200 `{"status": "ok"}` once the engine is up; 503 while it is starting, failed, draining
-    (shutting down) or closed."""
+    """200 `{"status": "ok"}` once the engine is up; 503 while it is starting (with `progress`: the
+    steps of the start so far and what remains, engine/start_progress.py), failed, draining (shutting
+    down) or closed."""
     lifecycle = request.app.state.lifecycle
     if request.app.state.drain.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
@@ -20,6 +21,8 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
     restarting = bool(failure) and lifecycle.engine.restarting
     body = {"status": "restarting" if restarting else "failed" if failure else lifecycle.state}
+    if lifecycle.state == "starting":
+        body["progress"] = lifecycle.progress.snapshot()
     if failure:
         body["error"] = failure
     if lifecycle.error:

@@ -56,10 +56,10 @@ async def test_a_stage_that_fails_to_build_fails_the_start_with_its_name(
 ) -> None:
     built = RunnerFactory.build
 
-    def build(self, name, replica):  # a device out of memory cannot be caused on demand
+    def build(self, name, replica, report=None):  # a device out of memory cannot be caused on demand
         if name == "talker":
             raise MemoryError("talker weights do not fit")
-        return built(self, name, replica)
+        return built(self, name, replica, report)
 
     monkeypatch.setattr(RunnerFactory, "build", build)
     with pytest.raises(PipelineStartError, match="talker stage failed to start: MemoryError"):

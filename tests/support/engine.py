@@ -41,7 +41,8 @@ def profile_for(
     """Every stage as `worker` on the tiny checkpoint, 4 requests a batch, `max_seq_len` positions
     each. `sections`: more keys of a section of `stages` (a stage by its name, or `priority`), which
     replace those set here. Chunks keep their sizes (no `catch_up`): where a stream's chunks end then
-    does not depend on how fast a loaded test machine runs, so runs can be compared sample by sample."""
+    does not depend on how fast a loaded test machine runs, so runs can be compared sample by sample.
+    What a start keeps (its step times) goes to the checkpoint's cache folder, not the home folder."""
     stage = {"worker": worker, "max_seq_len": max_seq_len, "max_batch": 4}
     chunk = {"first_frames": 4, "frames": 25, "left_context": left_context, "catch_up": False}
     stages: dict[str, dict[str, Any]] = {
@@ -51,7 +52,8 @@ def profile_for(
     }
     for name, keys in sections.items():
         stages[name] = {**stages.get(name, {}), **keys}
-    return parse_profile({"model": {"path": str(checkpoint)}, "stages": stages})
+    model = {"path": str(checkpoint), "cache_dir": str(checkpoint.parent)}
+    return parse_profile({"model": model, "stages": stages})
 
 
 @asynccontextmanager

@@ -22,6 +22,8 @@ from transformers import WhisperFeatureExtractor
 from omnivoice.audio.log_mel import LogMel
 from omnivoice.config import Profile, parse_profile
 from omnivoice.engine.api import EngineAPI
+from omnivoice.engine.start_progress import StartProgress
+from omnivoice.messages import StartStep
 from omnivoice.models.grammars import grammar_error
 from omnivoice.models.tool_calls import call_grammar
 from omnivoice.server import create_app
@@ -139,12 +141,14 @@ class FakeEngine:
         start_gate: threading.Event | None = None,
         fail_start: bool = False,
         audio_window_frames: int = 0,
-    ) -> Callable[[Profile], Awaitable[FakeEngine]]:
+    ) -> Callable[[Profile, StartProgress], Awaitable[FakeEngine]]:
         """An `engine_factory` for `create_app`; started engines are appended to `engines`.
-        `audio_window_frames`: as `ModelInfo`'s (0: sessions encode nothing ahead)."""
+        `audio_window_frames`: as `ModelInfo`'s (0: sessions encode nothing ahead). While it waits for
+        `start_gate`, its start reports one step running ("fake#0 gate")."""
 
-        async def start(profile: Profile) -> FakeEngine:
+        async def start(profile: Profile, progress: StartProgress) -> FakeEngine:
             if start_gate is not None:
+                progress.record(StartStep("fake", 0, "gate"))
                 while not start_gate.is_set():
                     await asyncio.sleep(0.01)
             if fail_start:
