@@ -254,6 +254,13 @@ class CapacityConfig(_Strict):
         description="while an admitted stream's audio is less than this far ahead of real time since its "
         "first audio (below 0: a player started at the first chunk has run dry), no new stream is admitted",
     )
+    calibrate: bool | None = Field(
+        None,
+        description="before serving, time each stage's decode steps at every batch bucket (1, 2, 4, ... "
+        "up to the narrowest max_batch) with a short burst of requests, so the capacity is known before "
+        "the first request (served steps then refine it). Default (null): on when the warm-up burst "
+        "runs (stages.warm_burst); off while measured admission is off",
+    )
 
 
 class StagesConfig(_Strict):
@@ -285,6 +292,13 @@ class StagesConfig(_Strict):
         if self.warm_burst is not None:
             return self.warm_burst
         return any(d.startswith("cuda") for d in (self.thinker.device, *(self.thinker.devices or ())))
+
+    def calibrates(self) -> bool:
+        """Whether the engine calibrates its capacity before serving (`capacity.calibrate`, null
+        resolved)."""
+        if not self.capacity.enabled:
+            return False
+        return self.warms_burst() if self.capacity.calibrate is None else self.capacity.calibrate
 
     def stage(self, name: str) -> StageConfig:
         """The settings of stage `name` (thinker, talker or code2wav)."""
