@@ -387,6 +387,12 @@ class ServerConfig(_Strict):
         description="open connections (HTTP and WebSocket) from one client address; more are closed at "
         "once. Trusted proxies (trusted_proxies) are exempt; null: no limit",
     )
+    ws_per_message_deflate: bool = Field(
+        False,
+        description="offer permessage-deflate to WebSocket clients (realtime, Twilio). Off: outgoing audio "
+        "is base64 PCM or G.711, which deflate shrinks little, while compressing every frame costs the "
+        "event loop that serves all sessions",
+    )
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="addresses or networks (127.0.0.1, 10.0.0.0/8) of reverse proxies whose "
