@@ -35,9 +35,6 @@ from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session_config import SessionSettings
 
 MIN_COMMIT_MS = 100
-# Appends with more base64 than this (about 0.7 s of 24 kHz pcm16) are decoded and resampled in a worker
-# thread: that work grows with the audio, and the event loop serves every other client meanwhile.
-OFF_LOOP_AUDIO_CHARS = 32 * 1024
 
 
 class Turns:
@@ -93,15 +90,16 @@ class Turns:
 
     # ---- appending ------------------------------------------------------------------------------
     async def decode(self, e: p.AudioAppend) -> np.ndarray:
-        """An append's base64 audio as float32 PCM at 16 kHz (off the event loop when it is large)."""
+        """An append's base64 audio as float32 PCM at 16 kHz, decoded and resampled in a worker thread
+        whatever its size: with many sessions the small appends add up, and the event loop serves
+        every client meanwhile."""
         fmt = self.settings.input_format
         seconds = self.max_seconds
         if len(e.audio) * 3 // 4 > int(fmt.sample_rate * fmt.bytes_per_sample * seconds):
             message = f"the audio is longer than the input buffer's limit of {seconds:g} s"
             raise p.ProtocolError(message, "input_audio_buffer_too_large", "audio", e.event_id)
-        if len(e.audio) > OFF_LOOP_AUDIO_CHARS:  # events are handled one at a time: _in is ours meanwhile
-            return await asyncio.to_thread(self._decode, e.audio, e.event_id)
-        return self._decode(e.audio, e.event_id)
+        # events are handled one at a time: the resampler (_in) is ours meanwhile
+        return await asyncio.to_thread(self._decode, e.audio, e.event_id)
 
     def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
         try:
