@@ -258,8 +258,8 @@ class CapacityConfig(_Strict):
         None,
         description="before serving, time each stage's decode steps at every batch bucket (1, 2, 4, ... "
         "up to the narrowest max_batch) with a short burst of requests, so the capacity is known before "
-        "the first request (served steps then refine it). Default (null): on when the warm-up burst "
-        "runs (stages.warm_burst); off while measured admission is off",
+        "the first request (served steps then refine it). Default (null): on when the thinker runs on a "
+        "CUDA device; off while measured admission is off",
     )
 
 
@@ -291,6 +291,9 @@ class StagesConfig(_Strict):
         """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""
         if self.warm_burst is not None:
             return self.warm_burst
+        return self._cuda_thinker()
+
+    def _cuda_thinker(self) -> bool:
         return any(d.startswith("cuda") for d in (self.thinker.device, *(self.thinker.devices or ())))
 
     def calibrates(self) -> bool:
@@ -298,7 +301,7 @@ class StagesConfig(_Strict):
         resolved)."""
         if not self.capacity.enabled:
             return False
-        return self.warms_burst() if self.capacity.calibrate is None else self.capacity.calibrate
+        return self._cuda_thinker() if self.capacity.calibrate is None else self.capacity.calibrate
 
     def stage(self, name: str) -> StageConfig:
         """The settings of stage `name` (thinker, talker or code2wav)."""
