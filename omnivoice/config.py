@@ -267,6 +267,13 @@ class CapacityConfig(_Strict):
         description="while an admitted stream's audio is less than this far ahead of real time since its "
         "first audio (below 0: a player started at the first chunk has run dry), no new stream is admitted",
     )
+    calibrate: bool | None = Field(
+        None,
+        description="before serving, time each stage's decode steps at every batch bucket (1, 2, 4, ... "
+        "up to the narrowest max_batch) with a short burst of requests, so the capacity is known before "
+        "the first request (served steps then refine it). Default (null): on when the thinker runs on a "
+        "CUDA device; off while measured admission is off",
+    )
 
 
 class StagesConfig(_Strict):
@@ -297,7 +304,17 @@ class StagesConfig(_Strict):
         """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""
         if self.warm_burst is not None:
             return self.warm_burst
+        return self._cuda_thinker()
+
+    def _cuda_thinker(self) -> bool:
         return any(d.startswith("cuda") for d in (self.thinker.device, *(self.thinker.devices or ())))
+
+    def calibrates(self) -> bool:
+        """Whether the engine calibrates its capacity before serving (`capacity.calibrate`, null
+        resolved)."""
+        if not self.capacity.enabled:
+            return False
+        return self._cuda_thinker() if self.capacity.calibrate is None else self.capacity.calibrate
 
     def stage(self, name: str) -> StageConfig:
         """The settings of stage `name` (thinker, talker or code2wav)."""
@@ -385,6 +402,12 @@ class ServerConfig(_Strict):
         ge=1,
         description="open connections (HTTP and WebSocket) from one client address; more are closed at "
         "once. Trusted proxies (trusted_proxies) are exempt; null: no limit",
+    )
+    ws_per_message_deflate: bool = Field(
+        False,
+        description="offer permessage-deflate to WebSocket clients (realtime, Twilio). Off: outgoing audio "
+        "is base64 PCM or G.711, which deflate shrinks little, while compressing every frame costs the "
+        "event loop that serves all sessions",
     )
     trusted_proxies: list[str] = Field(
         default_factory=list,

@@ -273,6 +273,14 @@ class StageStats:
     # the last step also prefilled prompts: its time says nothing of a decode step's (capacity)
     last_step_prefilled: bool = False
     gave_way_s: float = 0.0  # time it waited, its work all AHEAD, for urgent work on its device
+    # Where its step time went (engine/step_clock.py): on a CPU, runnable waiting for a CPU; the rest
+    # of busy_s the thread was blocked (mostly waiting for the GIL). And the wall time it spent taking
+    # incoming messages (`ingested` of them), and its device's utilisation in % (None: not a GPU).
+    step_cpu_s: float = 0.0
+    step_runnable_s: float = 0.0
+    ingest_s: float = 0.0
+    ingested: int = 0
+    gpu_utilization: float | None = None
 
     @property
     def live_requests(self) -> int:
@@ -297,6 +305,11 @@ class StageStats:
             gave_way_s=sum(p.gave_way_s for p in parts),
             audio_windows=sum(p.audio_windows for p in parts),
             audio_windows_ahead=sum(p.audio_windows_ahead for p in parts),
+            step_cpu_s=sum(p.step_cpu_s for p in parts),
+            step_runnable_s=sum(p.step_runnable_s for p in parts),
+            ingest_s=sum(p.ingest_s for p in parts),
+            ingested=sum(p.ingested for p in parts),
+            gpu_utilization=max((g for p in parts if (g := p.gpu_utilization) is not None), default=None),
         )
 
 

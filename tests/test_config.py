@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from omnivoice.config import Profile, ProfileError, load_profile, parse_profile
@@ -42,3 +44,16 @@ def test_the_speculative_response_is_on_by_default_and_can_be_turned_off() -> No
     assert parse_profile({"realtime": {"speculative_response": False}}).realtime.speculative_response is False
     with pytest.raises(ProfileError, match=r"realtime\.speculative_responses: unknown key"):
         parse_profile({"realtime": {"speculative_responses": False}})
+
+
+def test_capacity_calibration_is_on_by_default_only_for_a_cuda_thinker() -> None:
+    def stages(**keys: Any) -> Any:
+        return parse_profile({"stages": keys}).stages
+
+    assert not stages().calibrates()
+    assert not stages(warm_burst=True).calibrates()  # a CPU warm-up burst does not calibrate
+    cuda = {"device": "cuda:0"}
+    assert stages(thinker=cuda).calibrates()
+    assert not stages(thinker=cuda, capacity={"calibrate": False}).calibrates()
+    assert not stages(thinker=cuda, capacity={"enabled": False}).calibrates()  # nothing to admit by
+    assert stages(capacity={"calibrate": True}).calibrates()

@@ -6,7 +6,9 @@ Reports voice-to-voice latency (end of the caller's speech to the first audio de
 the output audio (playback stalls). By default the same load runs twice, with the server's speculative
 responses on and then off (each session asks for it: `session.omnivoice.speculative_response`, or the
 Twilio parameter); each run also reports the speculative responses started, confirmed and dropped and
-the work the dropped ones wasted, read from the server's `/v1/debug/state` before and after it.
+the work the dropped ones wasted, read from the server's `/v1/debug/state` before and after it, and
+the event loop's lag and each engine stage's time over the run, read from its `/metrics`
+(bench/server_metrics.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 import soxr
 
 from omnivoice.audio import decode_wav
+from omnivoice.bench import server_metrics
 from omnivoice.bench.metrics import percentile, playback_stall
 from omnivoice.bench.realtime_load import (
     RATE,
@@ -153,6 +156,8 @@ def format_table(report: dict[str, Any]) -> str:
         if name != "-":
             parts.append(f"speculative responses: {name}")
         parts.append(_run_table(run["summary"], run["speculation"]))
+        if run.get("server"):
+            parts.extend(server_metrics.format_lines(run["server"]))
     return "\n".join(parts)
 
 
@@ -248,11 +253,19 @@ def run(args: argparse.Namespace) -> int:
         if len(modes) > 1:
             print(f"speculative responses {name}", file=sys.stderr)
         before = speculation_counts(args.base_url, args.api_key)
+        scraped = server_metrics.scrape(args.base_url, args.api_key)
         records, duration = asyncio.run(
             run_realtime_load(replace(cfg, speculative=speculative), progress, caller)
         )
         after = speculation_counts(args.base_url, args.api_key)
-        runs[name] = {"summary": summarize(records, duration), "speculation": _difference(before, after)}
+        runs[name] = {
+            "summary": summarize(records, duration),
+            "speculation": _difference(before, after),
+            # the event loop's lag and each stage's time over the run, from /metrics around it
+            "server": server_metrics.breakdown(
+                scraped, server_metrics.scrape(args.base_url, args.api_key), duration
+            ),
+        }
     report = {
         "kind": "realtime",
         "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),

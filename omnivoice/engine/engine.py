@@ -22,6 +22,7 @@ import numpy as np
 
 from omnivoice.audio.log_mel import LogMel
 from omnivoice.config import Profile
+from omnivoice.engine.calibration import calibrate
 from omnivoice.engine.capacity import engine_capacity
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.device_fault import exit_soon
@@ -120,13 +121,17 @@ class Engine(Dispatch):
         pipeline = Pipeline.start(profile, model.source, progress=progress.record)
         log.info("all stages ready")
         engine = cls(profile, model, pipeline)
-        if profile.stages.warms_burst():
-            try:
+        stages = profile.stages
+        try:
+            if stages.warms_burst():
                 with steps.step("warm burst"):
-                    warm_burst(engine, profile.stages, model.spec, newline_id(model.tokenizer))
-            except BaseException:
-                run_apart(engine.close())
-                raise
+                    warm_burst(engine, stages, model.spec, newline_id(model.tokenizer))
+            if stages.calibrates():  # admission then knows the stages' step times before any request
+                with steps.step("calibration"):
+                    calibrate(engine, stages, model.spec, newline_id(model.tokenizer))
+        except BaseException:
+            run_apart(engine.close())
+            raise
         record.save(progress.times(), progress.elapsed())
         return engine
 

@@ -26,6 +26,7 @@ from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
 from omnivoice.engine.device_fault import DeviceFault, is_device_fault
 from omnivoice.engine.process_stats import process_stats
+from omnivoice.engine.step_clock import GpuUtilization, StepTime, ThreadClock
 from omnivoice.messages import (
     Abort,
     CodecChunk,
@@ -125,6 +126,11 @@ class StageWorker:
         self._last_stats = 0.0
         self._sent_stats: StageStats | None = None
         self._busy_s = 0.0
+        self._step_time = StepTime()
+        self._clock: ThreadClock | None = None  # made in the thread that serves (it measures that one)
+        self._gpu = GpuUtilization(getattr(runner, "device", None))
+        self._ingest_s = 0.0
+        self._ingested = 0
         self._usual_step_s: float | None = None  # moving average of the step time
         # Requests aborted here recently (id -> when): messages already in flight for them (from the
         # upstream stage, sent before it saw the abort) must not start them again.
@@ -139,10 +145,13 @@ class StageWorker:
             self.engine.put(StageCrashed(self.runner.name, str(e), device_fault=True))
         finally:
             self.seat.publish(None)  # a worker that is gone holds no one up
+            if self._clock is not None:
+                self._clock.close()
 
     def _serve(self) -> None:
         name = self.runner.name
         _own_cuda_stream(self.runner)
+        self._clock = ThreadClock()
         self.engine.put(StageReady(name, self.replica))
         log.info("%s stage ready (replica %d)", name, self.replica)
         next_parent_check = 0.0
@@ -166,7 +175,10 @@ class StageWorker:
                     return
                 self._handle(msg)
             if msgs:
-                self._report_slow(f"taking {len(msgs)} messages", time.perf_counter() - began)
+                took = time.perf_counter() - began
+                self._ingest_s += took
+                self._ingested += len(msgs)
+                self._report_slow(f"taking {len(msgs)} messages", took)
             if self.runner.has_work():
                 defer = self._plan()
                 if defer is None:
@@ -216,6 +228,8 @@ class StageWorker:
 
     def _step(self, defer_ahead: bool) -> None:
         self._giving_way_s = 0.0
+        clock = self._clock
+        cpu0, runnable0 = clock.read() if clock is not None else (0.0, 0.0)
         started = time.perf_counter()
         try:
             outs = self.runner.step(defer_ahead)
@@ -229,6 +243,10 @@ class StageWorker:
         finally:
             took = time.perf_counter() - started
             self._busy_s += took
+            if clock is not None:
+                cpu1, runnable1 = clock.read()
+                self._step_time.cpu_s += cpu1 - cpu0
+                self._step_time.runnable_s += runnable1 - runnable0
         self._report_slow("a step", took)
         stats = self.runner.stats()
         if not stats.last_step_prefilled:  # a warm-up burst's or a wave's prefill is no decode step
@@ -306,6 +324,11 @@ class StageWorker:
                     open_fds=proc.open_fds,
                     step_times=self._step_times.snapshot(),
                     gave_way_s=self._gave_way_s,
+                    step_cpu_s=self._step_time.cpu_s,
+                    step_runnable_s=self._step_time.runnable_s,
+                    ingest_s=self._ingest_s,
+                    ingested=self._ingested,
+                    gpu_utilization=self._gpu.read(),
                 )
             )
 

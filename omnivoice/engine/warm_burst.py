@@ -56,7 +56,9 @@ def burst_requests(
     ]
 
 
-async def _run(engine: EngineAPI, requests: list[GenerationRequest]) -> list[str]:
+async def run_requests(engine: EngineAPI, requests: list[GenerationRequest]) -> list[str]:
+    """Run `requests` side by side to their ends, their outputs dropped; what failed, one line each."""
+
     async def one(request: GenerationRequest) -> str | None:
         async for out in engine.generate(request):
             if isinstance(out, Finished) and out.finish_reason not in ("stop", "length"):
@@ -90,7 +92,7 @@ def warm_burst(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline
     """Run the burst to its end; raise RuntimeError if any request of it failed."""
     requests = burst_requests(stages, spec, engine.info, newline_id)
     began = time.perf_counter()
-    failed = run_apart(_run(engine, requests))
+    failed = run_apart(run_requests(engine, requests))
     if failed:
         raise RuntimeError(f"the warm-up burst failed ({len(failed)} of {len(requests)}): {failed[0]}")
     log.info(

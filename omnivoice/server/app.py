@@ -78,12 +78,14 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         lifecycle.start()
+        app.state.metrics.loop_lag.start()
         try:
             yield
         finally:
             try:
                 await calls.close()  # WebRTC calls are no HTTP connections: uvicorn does not end them
             finally:
+                await app.state.metrics.loop_lag.stop()
                 await lifecycle.close()
 
     app = Starlette(

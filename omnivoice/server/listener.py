@@ -5,7 +5,8 @@ greedy or lie about where they come from.
   (http_guard); bodies have their own deadline in the app (body_timeout).
 - WebSocket: a small message limit until the connection is authenticated (ws_guard), then
   `2 * realtime.max_event_bytes` (a larger frame: close 1009; Session refuses smaller oversized
-  events with an error event).
+  events with an error event). No permessage-deflate unless `server.ws_per_message_deflate`: the
+  audio sent is base64 PCM or G.711, and deflating every frame costs the event loop more than it saves.
 - `X-Forwarded-For` / `X-Forwarded-Proto` are believed only from `server.trusted_proxies` (uvicorn
   believes loopback by default, which let a local client pose as any address to the failed-auth
   limiter).
@@ -33,6 +34,7 @@ def server_config(
         http=guarded_h11(server.header_timeout_s, connections),
         ws=PreAuthWebSocket,
         ws_max_size=2 * profile.realtime.max_event_bytes,
+        ws_per_message_deflate=server.ws_per_message_deflate,
         proxy_headers=bool(server.trusted_proxies),
         forwarded_allow_ips=list(server.trusted_proxies),
     )  # fmt: skip

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from omnivoice.types import Capacity, EngineStats
+from omnivoice.server.loop_lag import LoopLag
+from omnivoice.types import Capacity, EngineStats, StageStats
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -60,8 +61,38 @@ class EngineStatsCollector(Collector):
         active = GaugeMetricFamily("omnivoice_engine_active_requests", "Requests inside the engine")
         active.add_metric([], stats.active_requests)
         yield from (queued, running, batch, steps, gave_way, active)
+        yield from _stage_time_metrics(stats.stages)
         if stats.capacity is not None:
             yield from _capacity_metrics(stats.capacity)
+
+
+def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
+    """Where each stage's time goes (engine/step_clock.py): its steps' wall time split into on a CPU,
+    runnable waiting for a CPU and blocked (mostly waiting for the GIL), its time taking messages,
+    and its device's utilisation."""
+    counters = (
+        ("busy", "Wall time a stage spent in its steps"),
+        ("step_cpu", "Time a stage's thread was on a CPU during its steps (host time)"),
+        ("step_runnable", "Time a stage's thread was runnable but waiting for a CPU during its steps"),
+        ("step_blocked", "Time a stage's thread was blocked during its steps: mostly waiting for the GIL"),
+        ("ingest", "Wall time a stage spent taking incoming messages"),
+    )
+    families = [CounterMetricFamily(f"omnivoice_stage_{k}_seconds", d, labels=["stage"]) for k, d in counters]
+    ingested = CounterMetricFamily(
+        "omnivoice_stage_ingested_messages", "Messages a stage has taken from its inbox", labels=["stage"]
+    )
+    gpu = GaugeMetricFamily(
+        "omnivoice_stage_gpu_utilization_percent", "Utilisation of a stage's GPU (NVML)", labels=["stage"]
+    )
+    for s in stages:
+        blocked = max(0.0, s.busy_s - s.step_cpu_s - s.step_runnable_s)
+        values = (s.busy_s, s.step_cpu_s, s.step_runnable_s, blocked, s.ingest_s)
+        for family, value in zip(families, values, strict=True):
+            family.add_metric([s.name], value)
+        ingested.add_metric([s.name], s.ingested)
+        if s.gpu_utilization is not None:
+            gpu.add_metric([s.name], s.gpu_utilization)
+    yield from (*families, ingested, gpu)
 
 
 def _capacity_metrics(cap: Capacity) -> Iterator[Metric]:
@@ -214,6 +245,7 @@ class Metrics:
         self.prompt_tokens = Counter("omnivoice_prompt_tokens", "Prompt tokens processed", registry=r)
         self.completion_tokens = Counter("omnivoice_completion_tokens", "Text tokens generated", registry=r)
         self.audio_seconds = Counter("omnivoice_audio_seconds", "Seconds of audio generated", registry=r)
+        self.loop_lag = LoopLag(r)  # sampled while the app runs (its lifespan starts and stops it)
         r.register(EngineStatsCollector(engine_stats))
         if server_state is not None:
             r.register(ServerStateCollector(server_state))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -140,7 +141,8 @@ class Session:
 
     async def _dispatch(self, e: p.ClientEvent) -> None:
         if isinstance(e, p.AudioAppend):
-            await self.append_audio(await self.turns.decode(e), e.event_id)
+            self.turns.check_append(e)
+            await self.append_audio(e.audio, e.event_id, self.turns.decoder(e.event_id))
             return
         await self._speculator.drop()  # it was planned from the session and conversation as they were
         if isinstance(e, p.SessionUpdate):
@@ -186,10 +188,13 @@ class Session:
             self.responses.truncate(items.truncatable(e, conversation), e.audio_end_ms)
 
     # ---- turns ---------------------------------------------------------------------------------
-    async def append_audio(self, pcm: np.ndarray, event_id: str | None = None) -> None:
-        """Append mono float32 audio at 16 kHz and act on the turns it starts or ends. The WebSocket
-        decodes and resamples `input_audio_buffer.append`; WebRTC and Twilio feed their audio here."""
-        for ev in await self.turns.append(pcm, event_id):
+    async def append_audio(
+        self, pcm: Any, event_id: str | None = None, convert: Callable[[Any], np.ndarray] | None = None
+    ) -> None:
+        """Append mono float32 audio at 16 kHz (or audio that `convert` turns into that, off the event
+        loop: `Turns.append`) and act on the turns it starts or ends. The WebSocket's
+        `input_audio_buffer.append`, WebRTC and Twilio feed their audio here."""
+        for ev in await self.turns.append(pcm, event_id, convert):
             if isinstance(ev, SpeechStarted):
                 self.turns.speech_started(ev.position)
                 await self._speech_started()

@@ -1,8 +1,9 @@
 """A session's input audio and its turns: what the client appends, server VAD over it, and the user
 items it commits.
 
-`input_audio_buffer.append` is decoded and resampled to 16 kHz (`decode`); WebRTC and Twilio feed
-their decoded audio straight to `append`. With server VAD on, `append` scores the audio (Silero, in a
+`input_audio_buffer.append` is decoded and resampled to 16 kHz (`decoder`), Twilio's G.711 likewise
+by the call, in the same worker thread as the VAD (`append`'s `convert`); WebRTC feeds its decoded
+audio straight to `append`. With server VAD on, `append` scores the audio (Silero, in a
 worker thread) and returns the turn detector's events in order; the session acts on each (a barge-in,
 a response) and reports it here (`speech_started`, `speech_stopped`), which sends the speech events
 and commits the spoken audio as a user item. At a pause in the speech, `spoken` gives the turn so far
@@ -21,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,9 +38,6 @@ from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session_config import SessionSettings
 
 MIN_COMMIT_MS = 100
-# Appends with more base64 than this (about 0.7 s of 24 kHz pcm16) are decoded and resampled in a worker
-# thread: that work grows with the audio, and the event loop serves every other client meanwhile.
-OFF_LOOP_AUDIO_CHARS = 32 * 1024
 
 
 class Turns:
@@ -92,16 +92,17 @@ class Turns:
             self._speech = self._stream = None
 
     # ---- appending ------------------------------------------------------------------------------
-    async def decode(self, e: p.AudioAppend) -> np.ndarray:
-        """An append's base64 audio as float32 PCM at 16 kHz (off the event loop when it is large)."""
+    def check_append(self, e: p.AudioAppend) -> None:
+        """Refuse an append whose audio could never fit the input buffer, before decoding it."""
         fmt = self.settings.input_format
         seconds = self.max_seconds
         if len(e.audio) * 3 // 4 > int(fmt.sample_rate * fmt.bytes_per_sample * seconds):
             message = f"the audio is longer than the input buffer's limit of {seconds:g} s"
             raise p.ProtocolError(message, "input_audio_buffer_too_large", "audio", e.event_id)
-        if len(e.audio) > OFF_LOOP_AUDIO_CHARS:  # events are handled one at a time: _in is ours meanwhile
-            return await asyncio.to_thread(self._decode, e.audio, e.event_id)
-        return self._decode(e.audio, e.event_id)
+
+    def decoder(self, event_id: str | None) -> Callable[[str], np.ndarray]:
+        """What turns an append's base64 audio into float32 PCM at 16 kHz (for `append`'s `convert`)."""
+        return lambda audio: self._decode(audio, event_id)
 
     def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
         try:
@@ -112,8 +113,42 @@ class Turns:
             raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
         return self._in.process(pcm)
 
-    async def append(self, pcm: np.ndarray, event_id: str | None = None) -> list[TurnEvent]:
-        """Append mono float32 audio at 16 kHz; with server VAD, the turn detector's events in order."""
+    async def append(
+        self, audio: Any, event_id: str | None = None, convert: Callable[[Any], np.ndarray] | None = None
+    ) -> list[TurnEvent]:
+        """Append mono float32 audio at 16 kHz (or `audio` as it came, which `convert` turns into
+        that); with server VAD, the turn detector's events in order.
+
+        Converting (base64, G.711, resampling), VAD and the spoken turn's log-mel run in one call of a
+        worker thread: the event loop serves every session meanwhile. The session handles its events
+        one at a time, so the buffer and the streams are the worker's while it runs."""
+        if self._detector is None and convert is None:
+            self._buffer(audio, event_id)
+            return []
+        stream, safe = self._stream, 0
+        if stream is not None and self._speech is not None and self._detector is not None:
+            # the turn ends where the detector hears it end: never before the audio scored so far
+            safe = self._detector.next_frame - self._speech[1]
+        probs, windows = await asyncio.to_thread(self._take, audio, convert, stream, safe, event_id)
+        self.ahead += windows
+        return self._detector.update(probs) if self._detector is not None and probs else []
+
+    def _take(
+        self,
+        audio: Any,
+        convert: Callable[[Any], np.ndarray] | None,
+        stream: LogMelStream | None,
+        safe: int,
+        event_id: str | None,
+    ) -> tuple[list[float], list[np.ndarray]]:
+        """(worker thread) Convert and buffer the audio; with server VAD, score it."""
+        pcm = convert(audio) if convert is not None else audio
+        self._buffer(pcm, event_id)
+        if self._detector is None or not pcm.size:
+            return [], []
+        return self._score(pcm, stream, safe)
+
+    def _buffer(self, pcm: np.ndarray, event_id: str | None) -> None:
         if self._detector is not None and not self._detector.speaking:
             self.buffer.trim(self.buffer.end - self._keep_while_idle())
         try:
@@ -121,15 +156,6 @@ class Turns:
         except BufferFull:
             message = f"the input audio buffer is full ({self.max_seconds:g} s); commit or clear it"
             raise p.ProtocolError(message, "input_audio_buffer_full", "audio", event_id) from None
-        if self._detector is None or not pcm.size:
-            return []
-        stream, safe = self._stream, 0
-        if stream is not None and self._speech is not None:
-            # the turn ends where the detector hears it end: never before the audio scored so far
-            safe = self._detector.next_frame - self._speech[1]
-        probs, windows = await asyncio.to_thread(self._score, pcm, stream, safe)
-        self.ahead += windows
-        return self._detector.update(probs)
 
     def _score(
         self, pcm: np.ndarray, stream: LogMelStream | None, safe: int

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocket
 
@@ -165,11 +166,13 @@ class TwilioCall:
         self._check_stream(e)
         if not e.media.track.startswith("inbound"):
             return  # only the caller's track feeds the session
-        pcm = self._in.process(G711_ULAW.decode(tw.media_payload(e)))
-        try:
-            await self.session.append_audio(pcm)
+        try:  # G.711 decoded and resampled in the session's worker thread, with the VAD
+            await self.session.append_audio(tw.media_payload(e), convert=self._decode)
         except ProtocolError as err:
             log.warning("call %s: audio dropped: %s", self.label, err.message)
+
+    def _decode(self, payload: bytes) -> np.ndarray:
+        return self._in.process(G711_ULAW.decode(payload))
 
     def _check_stream(self, e: tw.Media | tw.Mark | tw.Dtmf) -> None:
         if self.stream_sid is None:

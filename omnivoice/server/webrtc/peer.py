@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 
+from omnivoice.audio.resample import StreamResampler
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE
 from omnivoice.server.session.server_events import error
@@ -39,29 +41,40 @@ class OfferError(ValueError):
 _AIORTC_OFFER_ERRORS = (ValueError, LookupError, AssertionError, AttributeError, TypeError, RuntimeError)
 
 
+@dataclass(frozen=True)
+class MicAudio:
+    """Microphone audio as it was decoded: mono float32 at `rate`."""
+
+    pcm: np.ndarray
+    rate: int
+
+
 class Inbox:
-    """What the client sent, in arrival order: microphone audio (16 kHz float32) and event texts."""
+    """What the client sent, in arrival order: microphone audio and event texts."""
 
     def __init__(self) -> None:
-        self._items: deque[np.ndarray | str] = deque()
+        self._items: deque[MicAudio | str] = deque()
         self.wake = asyncio.Event()
 
-    def put(self, item: np.ndarray | str) -> None:
+    def put(self, item: MicAudio | str) -> None:
         self._items.append(item)
         self.wake.set()
 
-    def take(self) -> np.ndarray | str | None:
-        """The next event text, or all the audio queued before the next event as one array."""
+    def put_audio(self, pcm: np.ndarray, rate: int) -> None:
+        self.put(MicAudio(pcm, rate))
+
+    def take(self) -> MicAudio | str | None:
+        """The next event text, or the audio queued before the next event (of one rate) as one."""
         if not self._items:
             self.wake.clear()
             return None
         first = self._items.popleft()
         if isinstance(first, str):
             return first
-        audio = [first]
-        while self._items and not isinstance(self._items[0], str):
-            audio.append(self._items.popleft())  # type: ignore[arg-type]
-        return np.concatenate(audio) if len(audio) > 1 else first
+        audio = [first.pcm]
+        while self._items and isinstance(nxt := self._items[0], MicAudio) and nxt.rate == first.rate:
+            audio.append(self._items.popleft().pcm)  # type: ignore[union-attr]
+        return MicAudio(np.concatenate(audio), first.rate) if len(audio) > 1 else first
 
 
 class Call:
@@ -77,6 +90,7 @@ class Call:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._writer: asyncio.Task[None] | None = None
         self._full_reported = False
+        self._mic: StreamResampler | None = None  # the microphone's audio to 16 kHz
         self._has_channel = False
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("track", self._on_track)
@@ -134,9 +148,11 @@ class Call:
             else:
                 await self._append(got)
 
-    async def _append(self, pcm: np.ndarray) -> None:
-        try:
-            await self.session.append_audio(pcm)
+    async def _append(self, audio: MicAudio) -> None:
+        if self._mic is None or self._mic.in_rate != audio.rate:
+            self._mic = StreamResampler(audio.rate, INPUT_RATE)
+        try:  # resampled in the session's worker thread, with the VAD
+            await self.session.append_audio(audio.pcm, convert=self._mic.process)
             self._full_reported = False
         except p.ProtocolError as e:  # the buffer is full (push-to-talk and no commit): say so once
             if not self._full_reported:
@@ -155,7 +171,7 @@ class Call:
     def _on_track(self, track: MediaStreamTrack) -> None:
         if track.kind != "audio":
             return
-        self._spawn(read_microphone(track, INPUT_RATE, self._inbox.put), f"mic-{self.id}")
+        self._spawn(read_microphone(track, self._inbox.put_audio), f"mic-{self.id}")
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         if channel.label != LABEL or self._writer is not None:

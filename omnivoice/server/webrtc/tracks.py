@@ -189,11 +189,9 @@ def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     return mono
 
 
-async def read_microphone(
-    track: MediaStreamTrack, out_rate: int, deliver: Callable[[np.ndarray], None]
-) -> None:
-    """Decode the remote audio track until it ends, delivering mono float32 at `out_rate`."""
-    resampler: StreamResampler | None = None
+async def read_microphone(track: MediaStreamTrack, deliver: Callable[[np.ndarray, int], None]) -> None:
+    """Decode the remote audio track until it ends, delivering each frame as mono float32 with its
+    sample rate (the session resamples it off the event loop, with its VAD)."""
     while True:
         try:
             frame = await track.recv()
@@ -201,8 +199,6 @@ async def read_microphone(
             return
         if not isinstance(frame, AudioFrame):
             raise TypeError(f"expected audio frames from the microphone track, got {type(frame).__name__}")
-        if resampler is None or resampler.in_rate != frame.sample_rate:
-            resampler = StreamResampler(frame.sample_rate, out_rate)
-        pcm = resampler.process(frame_to_mono(frame))
+        pcm = frame_to_mono(frame)
         if pcm.size:
-            deliver(pcm)
+            deliver(pcm, frame.sample_rate)

@@ -40,4 +40,6 @@ def test_two_calls_report_voice_to_first_media_latency(
     assert s["max_stall_ms"] >= 0  # measured (its size is the benchmark's to report)
     assert [r.cache_key is not None for r in engine.requests] == [True, True]
     assert report["runs"]["on"]["speculation"]["confirmed"] == 2  # the call's parameter asked for it
+    lag = report["runs"]["on"]["server"]["event_loop_lag"]  # from /metrics before and after the run
+    assert lag["samples"] > 0 and 0 <= lag["p50_ms"] <= lag["p99_ms"]
     assert "realtime (twilio)" in capsys.readouterr().out and "voice-to-voice" in format_table(report)

@@ -1,0 +1,120 @@
+#!/bin/bash
+# Realtime sessions at scale on the lent H200 (issue 27): 16, 32, 64 and 100 speaking sessions and chat
+# at c=32 and c=64 against one server, its /metrics scraped around every run (the event loop's lag,
+# each stage's busy / host / runnable / blocked time, GPU utilisation, the measured capacity: `bench
+# realtime` puts them in its JSON under runs.*.server). The engine's start costs minutes, so the server
+# is started once (setsid nohup, its pid in a file) and each later call reuses it; each call is one
+# PHASE that fits a device call (<= 9 minutes), run one after another:
+#   PHASE=start   install the wheels, start the server, wait for /health (up to START_LIMIT s, 500),
+#                 then scrape /metrics before any request (the capacity calibrated at start)
+#   PHASE=wait    wait for /health again (a start that took longer than one call)
+#   PHASE=rt      `bench realtime` at each of SESSIONS (default "16 32"; then "64", then "100")
+#   PHASE=chat    `bench` chat completions at each of CHAT (default "32 64"), text input; INPUT=speech
+#                 sends .speech/utt.wav as input_audio instead
+#   PHASE=stop    SIGTERM the server, keep its log's errors
+# Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
+# spoken question made with espeak-ng on the CPU machine). Everything measured so far is packed into
+# $OUT/r.tgz after every step (a call cut short still returns it): serve.log, start.json,
+# metrics-fresh.txt, rt-s<N>.json/.log, chat-<input>-c<C>.json/.log, metrics-<step>.txt.
+#   TURNS=2 RAMP=6 SPEC=on TOKENS=64 FRAMES=240   as serve_run.sh's; TB=240: one bench's time limit
+#   BUDGET=520    seconds a call may spend; a bench that would not fit in what is left is not started
+#   PROFILE=configs/h200-dummy.yaml
+# Example (the lead's device calls, one after another):
+#   PHASE=start bash benchmarks/gpu/realtime_scale.sh
+#   PHASE=rt SESSIONS="16 32" bash benchmarks/gpu/realtime_scale.sh
+#   PHASE=rt SESSIONS=64 bash benchmarks/gpu/realtime_scale.sh
+#   PHASE=rt SESSIONS=100 bash benchmarks/gpu/realtime_scale.sh
+#   PHASE=chat CHAT="32 64" bash benchmarks/gpu/realtime_scale.sh
+#   PHASE=stop bash benchmarks/gpu/realtime_scale.sh
+set -u
+PHASE=${PHASE:?set PHASE=start|wait|rt|chat|stop}
+STATE=${STATE:-/tmp/rtscale}     # survives between calls while the machine stays warm
+PROFILE=${PROFILE:-configs/h200-dummy.yaml}
+PORT=${PORT:-8000}
+URL=http://127.0.0.1:$PORT
+TB=${TB:-240}
+BUDGET=${BUDGET:-520}
+t_call=$(date +%s)
+mkdir -p "$STATE/r"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+pack() { mkdir -p "$OUT" && (cd "$STATE" && tar czf "$OUT/r.tgz.part" r && mv "$OUT/r.tgz.part" "$OUT/r.tgz"); }
+healthy() { python3 -c "import urllib.request as u; u.urlopen('$URL/health', timeout=2)" 2>/dev/null; }
+alive() { [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; }
+scrape() { python3 -c "import urllib.request as u; print(u.urlopen('$URL/metrics', timeout=30).read().decode())" > "$STATE/r/metrics-$1.txt" 2>&1; }
+left() { echo $(( BUDGET - ($(date +%s) - t_call) )); }
+wait_ready() {  # up to $1 seconds
+    for _ in $(seq 1 "$1"); do
+        if healthy; then return 0; fi
+        alive || { echo "the server is not running"; tail -30 "$STATE/r/serve.log"; return 1; }
+        sleep 1
+    done
+    echo "not healthy yet after $1 s (PHASE=wait goes on waiting)"; return 1
+}
+ready_or_exit() {
+    if ! alive || ! healthy; then echo "no server up: run PHASE=start (or wait) first"; pack; exit 1; fi
+}
+
+case "$PHASE" in
+start)
+    if alive; then echo "a server is already running (pid $(cat "$STATE/server.pid"))"; exit 0; fi
+    if ls .whl/*.whl > /dev/null 2>&1; then  # the GPU image lacks the server's dependencies
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    fi
+    date +%s > "$STATE/t0"
+    setsid nohup python3 -m omnivoice serve --profile "$PROFILE" --port "$PORT" > "$STATE/r/serve.log" 2>&1 < /dev/null &
+    echo $! > "$STATE/server.pid"
+    ;&  # then wait, as PHASE=wait does
+wait)
+    wait_ready "${START_LIMIT:-$(( $(left) - 10 ))}"; ok=$?
+    echo "{\"engine_start_s\": $(( $(date +%s) - $(cat "$STATE/t0") )), \"ready\": $([ $ok = 0 ] && echo true || echo false)}" > "$STATE/r/start.json"
+    cat "$STATE/r/start.json"
+    if [ $ok = 0 ] && [ ! -f "$STATE/r/metrics-fresh.txt" ]; then
+        scrape fresh  # before any request: the capacity comes from the start-up calibration
+        grep -E "^omnivoice_(engine|stage)_capacity_streams" "$STATE/r/metrics-fresh.txt"
+        grep -E "capacity calibrated|warm-up burst" "$STATE/r/serve.log" | tail -3
+    fi
+    pack
+    ;;
+rt)
+    ready_or_exit
+    for n in ${SESSIONS:-16 32}; do
+        if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): $n sessions"; continue; fi
+        timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-2}" --warmups 1 \
+            --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
+            --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" --quiet \
+            --output-json "$STATE/r/rt-s$n.json" > "$STATE/r/rt-s$n.log" 2>&1
+        tail -22 "$STATE/r/rt-s$n.log"
+        scrape "s$n"
+        pack
+    done
+    ;;
+chat)
+    ready_or_exit
+    input=${INPUT:-text}
+    audio=""; [ "$input" = speech ] && audio="--input-audio .speech/utt.wav"
+    fixed='{"min_tokens": '${TOKENS:-64}', "min_audio_frames": '${FRAMES:-240}', "max_audio_frames": '${FRAMES:-240}'}'
+    for c in ${CHAT:-32 64}; do
+        if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): chat c=$c"; continue; fi
+        scrape "chat-$input-c$c-before"
+        timeout "$TB" python3 -m omnivoice bench --base-url "$URL" --concurrency "$c" --num-prompts $((c * 2)) --warmups 2 \
+            --max-tokens "${TOKENS:-64}" --extra-body "$fixed" $audio --prompt "Answer the question." --quiet \
+            --label "$input input, c=$c" --output-json "$STATE/r/chat-$input-c$c.json" > "$STATE/r/chat-$input-c$c.log" 2>&1
+        tail -12 "$STATE/r/chat-$input-c$c.log"
+        scrape "chat-$input-c$c"
+        grep -E "^omnivoice_(event_loop_lag_seconds_(sum|count)|requests_total|stage_(busy|step_blocked)_seconds_total)" "$STATE/r/metrics-chat-$input-c$c.txt"
+        pack
+    done
+    ;;
+stop)
+    if alive; then
+        pid=$(cat "$STATE/server.pid"); kill -TERM "$pid"
+        for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    fi
+    rm -f "$STATE/server.pid"
+    grep -E "ERROR|Traceback|illegal|slow:" "$STATE/r/serve.log" | head -40
+    pack
+    ;;
+*)
+    echo "unknown PHASE=$PHASE"; exit 2
+    ;;
+esac

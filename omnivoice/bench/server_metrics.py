@@ -1,0 +1,140 @@
+"""What a server's `/metrics` says about one benchmark run: scraped before and after it, the
+difference is the run's own.
+
+`breakdown` reports the event loop's lag over the run (its histogram's mean, p50, p95 and p99, read
+off the bucket counts as Prometheus' `histogram_quantile` does) and, per stage, how its time went:
+steps, the share of the run it was stepping, the host (CPU) time per step, the share of its step time
+it was runnable but without a CPU and blocked (mostly waiting for the GIL: engine/step_clock.py), the
+time it spent taking messages, and its GPU's utilisation at the end; plus the capacity the engine
+measured at the start and the end.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
+LAG = "omnivoice_event_loop_lag_seconds"
+STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
+
+
+def scrape(base_url: str, api_key: str | None = None) -> Samples | None:
+    """Every sample of `base_url`/metrics (name -> {sorted labels: value}); None if it cannot be read."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{base_url.rstrip('/')}/metrics", headers=headers, timeout=30)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    out: Samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _by_stage(samples: Samples, name: str) -> dict[str, float]:
+    return {dict(k).get("stage", "?"): v for k, v in samples.get(name, {}).items()}
+
+
+def _one(samples: Samples, name: str) -> float | None:
+    return samples.get(name, {}).get(())
+
+
+def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The q-quantile of a histogram from its cumulative (upper bound, count) buckets, interpolated
+    linearly within the bucket it falls in (the top bucket's lower bound where it is +Inf)."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            return lower + (bound - lower) * ((rank - below) / (count - below) if count > below else 0.0)
+        lower, below = bound, count
+    return lower
+
+
+def loop_lag(before: Samples, after: Samples) -> dict[str, float | None]:
+    """The event loop's lag over the run, in ms."""
+    b, a = before.get(f"{LAG}_bucket", {}), after.get(f"{LAG}_bucket", {})
+    buckets = sorted((float(dict(k)["le"]), v - b.get(k, 0.0)) for k, v in a.items())
+    count = (_one(after, f"{LAG}_count") or 0.0) - (_one(before, f"{LAG}_count") or 0.0)
+    total = (_one(after, f"{LAG}_sum") or 0.0) - (_one(before, f"{LAG}_sum") or 0.0)
+    out: dict[str, float | None] = {"samples": count, "mean_ms": 1e3 * total / count if count else None}
+    for q in (50, 95, 99):
+        value = quantile(q / 100, buckets)
+        out[f"p{q}_ms"] = None if value is None else 1e3 * value
+    return out
+
+
+def stage_breakdown(before: Samples, after: Samples, seconds: float) -> dict[str, dict[str, float | None]]:
+    """Per stage, what its time went to over the run (`seconds` long)."""
+
+    def delta(name: str) -> dict[str, float]:
+        b, a = _by_stage(before, name), _by_stage(after, name)
+        return {stage: v - b.get(stage, 0.0) for stage, v in a.items()}
+
+    steps = delta("omnivoice_stage_steps_total")
+    spent = {key: delta(f"omnivoice_stage_{key}_seconds_total") for key in STAGE_SECONDS}
+    ingested = delta("omnivoice_stage_ingested_messages_total")
+    gpu = _by_stage(after, "omnivoice_stage_gpu_utilization_percent")
+    out: dict[str, dict[str, float | None]] = {}
+    for stage, n in steps.items():
+        busy = spent["busy"].get(stage, 0.0)
+        out[stage] = {
+            "steps": n,
+            "busy_share": busy / seconds if seconds > 0 else None,
+            "step_ms": 1e3 * busy / n if n else None,
+            "host_ms_per_step": 1e3 * spent["step_cpu"].get(stage, 0.0) / n if n else None,
+            "runnable_share_of_step": spent["step_runnable"].get(stage, 0.0) / busy if busy else None,
+            "blocked_share_of_step": spent["step_blocked"].get(stage, 0.0) / busy if busy else None,
+            "ingest_share": spent["ingest"].get(stage, 0.0) / seconds if seconds > 0 else None,
+            "messages": ingested.get(stage, 0.0),
+            "gpu_utilization_percent": gpu.get(stage),
+        }
+    return out
+
+
+def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> dict[str, Any] | None:
+    """The run's figures from the scrapes around it; None if either is missing."""
+    if before is None or after is None:
+        return None
+    return {
+        "event_loop_lag": loop_lag(before, after),
+        "stages": stage_breakdown(before, after, seconds),
+        "capacity_streams": {
+            "before": _one(before, "omnivoice_engine_capacity_streams"),
+            "after": _one(after, "omnivoice_engine_capacity_streams"),
+        },
+    }
+
+
+def format_lines(b: dict[str, Any]) -> list[str]:
+    """A few table lines of a breakdown."""
+
+    def f(x: float | None, scale: float = 1.0, digits: int = 0) -> str:
+        return "-" if x is None else f"{x * scale:.{digits}f}"
+
+    lag, cap = b["event_loop_lag"], b["capacity_streams"]
+    lines = [
+        f"{'event loop lag ms':<28} mean {f(lag['mean_ms'], digits=1)}, p50 {f(lag['p50_ms'], digits=1)}, "
+        f"p95 {f(lag['p95_ms'], digits=1)}, p99 {f(lag['p99_ms'], digits=1)}",
+        f"{'capacity streams':<28} {f(cap['before'])} -> {f(cap['after'])}",
+        "stage        busy %  step ms  host ms  runnable %  blocked %  ingest %  gpu %",
+    ]
+    for name, s in b["stages"].items():
+        lines.append(
+            f"{name:<12} {f(s['busy_share'], 100):>6} {f(s['step_ms'], digits=1):>8} "
+            f"{f(s['host_ms_per_step'], digits=1):>8} {f(s['runnable_share_of_step'], 100):>11} "
+            f"{f(s['blocked_share_of_step'], 100):>10} {f(s['ingest_share'], 100, 1):>9} "
+            f"{f(s['gpu_utilization_percent']):>6}"
+        )
+    return lines

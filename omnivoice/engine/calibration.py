@@ -1,0 +1,103 @@
+"""Before serving: measure what the stages serve, so that admission knows the machine from its first
+request.
+
+Measured admission (engine/capacity.py) fits each stage's step time against its batch size from the
+steps it has run. A fresh server has run none; left alone it would learn its capacity from its first
+users, one narrow batch at a time, and refuse the rest meanwhile (a figure fitted to one small batch
+is cautious, and trusted only up to twice that batch). So the engine runs one short burst at each
+batch bucket (1, 2, 4, ... up to the narrowest stage's max_batch) through every stage, long enough
+that each stage times several decode steps at each size (and `capacity.min_steps` in all); the
+workers report those step times with their stats and the capacity is fitted to them. Real traffic
+then refines it: each size keeps the median of its latest steps, so served steps replace the
+calibration's.
+
+The burst's requests are chat prompts of random text ids, a few text tokens and a few Code2Wav
+chunks of audio each; their outputs are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from omnivoice.config import StagesConfig
+from omnivoice.engine.api import EngineAPI
+from omnivoice.engine.capacity import MIN_SIZE_STEPS
+from omnivoice.engine.warm_burst import run_apart, run_requests
+from omnivoice.models.loader import ModelSpec
+from omnivoice.models.token_prompt import chat_prompt, text_ids
+from omnivoice.runners.graphs import power_buckets
+from omnivoice.types import TALKER_PROMPT_EXTRA, Capacity, GenerationRequest, ModelInfo, Sampling
+
+log = logging.getLogger(__name__)
+
+PROMPT_BODY = 24  # text ids of each prompt: a short question (the prefill is not what is measured)
+STATS_WAIT_S = 5.0  # how long the workers' figures of the last burst may take to reach the engine
+
+
+def calibration_sizes(stages: StagesConfig) -> tuple[int, ...]:
+    """The batch sizes measured: powers of two up to the narrowest stage's max_batch, and it."""
+    return power_buckets(min(stages.thinker.max_batch, stages.talker.max_batch, stages.code2wav.max_batch))
+
+
+def chunk_frames(stages: StagesConfig, chunks: int) -> int:
+    """Frames of audio that make `chunks` Code2Wav chunks (the first, then ramped or whole chunks)."""
+    c = stages.code2wav.chunk
+    size, total = c.first_frames, 0
+    for _ in range(chunks):
+        total += size
+        size = min(2 * size, c.frames) if c.ramp else c.frames
+    return total
+
+
+def calibration_requests(
+    stages: StagesConfig, spec: ModelSpec, info: ModelInfo, newline_id: int, size: int, tag: str = ""
+) -> list[GenerationRequest]:
+    """`size` requests whose decode steps each stage runs side by side: enough steps per stage that
+    every size counts (MIN_SIZE_STEPS) and all sizes together reach `capacity.min_steps`."""
+    per_size = max(
+        MIN_SIZE_STEPS + 1, math.ceil(stages.capacity.min_steps / len(calibration_sizes(stages))) + 1
+    )
+    tokens = per_size + 1  # the first comes from the prefill step, which is not counted
+    rng = np.random.default_rng(size)
+    prompt = chat_prompt(spec, text_ids(spec, PROMPT_BODY, rng), newline_id)
+    room = stages.talker.max_seq_len - len(prompt.input_ids) - TALKER_PROMPT_EXTRA
+    frames = max(stages.code2wav.chunk.first_frames, min(chunk_frames(stages, per_size), room))
+    return [
+        GenerationRequest(
+            request_id=f"calibrate{tag}-{size}-{i}",
+            prompt=prompt,
+            voice=info.default_voice,
+            thinker=Sampling(max_tokens=tokens, min_tokens=tokens),
+            talker=Sampling(max_tokens=frames, min_tokens=frames),
+        )
+        for i in range(size)
+    ]
+
+
+def calibrate(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> Capacity:
+    """Run one burst per batch size, wait for the stages' figures, and return the fitted capacity;
+    raise RuntimeError if a request of a burst failed."""
+    began = time.perf_counter()
+    sizes = calibration_sizes(stages)
+    for size in sizes:
+        requests = calibration_requests(stages, spec, engine.info, newline_id, size)
+        failed = run_apart(run_requests(engine, requests))
+        if failed:
+            raise RuntimeError(f"the calibration burst of {size} failed ({len(failed)}): {failed[0]}")
+    deadline = time.monotonic() + STATS_WAIT_S
+    capacity = engine.capacity()
+    while any(n is None for _, n in capacity.stages) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the workers report at once when they go idle; the dispatcher hands it on
+        capacity = engine.capacity()
+    log.info(
+        "capacity calibrated in %.1f s at batch sizes %s: %s real-time audio streams (%s)",
+        time.perf_counter() - began,
+        ",".join(map(str, sizes)),
+        capacity.streams,
+        ", ".join(f"{name} {n}" for name, n in capacity.stages),
+    )
+    return capacity

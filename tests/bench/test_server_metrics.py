@@ -1,0 +1,52 @@
+"""The run's figures from two scrapes of /metrics (bench/server_metrics.py): histogram quantiles as
+Prometheus reads them, and each stage's time over the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnivoice.bench.server_metrics import Samples, breakdown, quantile
+
+INF = float("inf")
+
+
+def test_quantile_interpolates_within_the_bucket() -> None:
+    buckets = [(0.01, 50.0), (0.1, 90.0), (1.0, 100.0), (INF, 100.0)]
+    assert quantile(0.5, buckets) == pytest.approx(0.01)
+    assert quantile(0.7, buckets) == pytest.approx(0.01 + 0.09 * 0.5)
+    assert quantile(0.25, buckets) == pytest.approx(0.005)
+    assert quantile(0.5, [(0.01, 0.0), (INF, 0.0)]) is None
+    assert quantile(0.99, [(0.01, 1.0), (INF, 10.0)]) == 0.01  # in the top bucket: its lower bound
+
+
+def scrape(lag_counts: list[float], busy: float, cpu: float, steps: float) -> Samples:
+    bounds = ("0.01", "0.1", "+Inf")
+    stage = (("stage", "talker"),)
+    return {
+        "omnivoice_event_loop_lag_seconds_bucket": {
+            (("le", b),): c for b, c in zip(bounds, lag_counts, strict=True)
+        },
+        "omnivoice_event_loop_lag_seconds_count": {(): lag_counts[-1]},
+        "omnivoice_event_loop_lag_seconds_sum": {(): 0.002 * lag_counts[-1]},
+        "omnivoice_stage_steps_total": {stage: steps},
+        "omnivoice_stage_busy_seconds_total": {stage: busy},
+        "omnivoice_stage_step_cpu_seconds_total": {stage: cpu},
+        "omnivoice_stage_step_blocked_seconds_total": {stage: busy - cpu},
+        "omnivoice_engine_capacity_streams": {(): 16.0},
+    }
+
+
+def test_breakdown_is_the_difference_over_the_run() -> None:
+    before = scrape([100, 100, 100], busy=1.0, cpu=0.5, steps=10)
+    after = scrape([100, 190, 200], busy=3.0, cpu=1.5, steps=110)
+    b = breakdown(before, after, seconds=10.0)
+    assert b is not None
+    assert b["event_loop_lag"]["samples"] == 100
+    assert b["event_loop_lag"]["p50_ms"] == pytest.approx(10 + 90 * 50 / 90)  # within the 2nd bucket
+    talker = b["stages"]["talker"]
+    assert talker["steps"] == 100 and talker["busy_share"] == pytest.approx(0.2)
+    assert talker["step_ms"] == pytest.approx(20) and talker["host_ms_per_step"] == pytest.approx(10)
+    assert talker["blocked_share_of_step"] == pytest.approx(0.5)
+    assert talker["gpu_utilization_percent"] is None
+    assert b["capacity_streams"] == {"before": 16.0, "after": 16.0}
+    assert breakdown(None, after, 10.0) is None
