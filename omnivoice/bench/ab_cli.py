@@ -30,7 +30,7 @@ from omnivoice.bench.ab_serve import (
     Revision,
     ServeError,
     check_import,
-    group_cpu_seconds,
+    group_cpu_by_process,
     materialise,
     serving,
 )
@@ -105,7 +105,7 @@ def _one_run(
     with serving(rev, work / f"{tag}.server.log", args.profile, ready_timeout_s=args.ready_timeout) as server:
         url = server.url
         info["ready_s"] = round(time.monotonic() - t0, 1)
-        cpu_before = group_cpu_seconds(server.pid)
+        cpu_before = group_cpu_by_process(server.pid)
         _progress(f"  {side} ready in {info['ready_s']} s on {url}; running the {args.workload} workload")
         try:
             report = run_client(
@@ -118,7 +118,12 @@ def _one_run(
             )
         except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
             return RunRecord(side, rnd, pos, error=f"{type(e).__name__}: {e}"), info
-        cpu = group_cpu_seconds(server.pid) - cpu_before
+        cpu_after = group_cpu_by_process(server.pid)
+    # per process, in start order (server, then its stage processes): which stage the time went to
+    info["cpu_by_process"] = {
+        pid: round(t - cpu_before.get(pid, 0.0), 2) for pid, t in sorted(cpu_after.items())
+    }
+    cpu = sum(info["cpu_by_process"].values())
     info["client_report"] = report
     metrics = {**read_metrics(args.workload, report), SERVER_CPU: cpu}
     record = RunRecord(side, rnd, pos, metrics, failed_share(args.workload, report))

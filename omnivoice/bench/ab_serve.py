@@ -125,11 +125,11 @@ class Server:
     pid: int
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds used so far by the live processes of process group `pgid` (Linux
-    /proc; 0.0 elsewhere). Less swayed by other work on a shared machine than wall time."""
+def group_cpu_by_process(pgid: int) -> dict[int, float]:
+    """User + system CPU seconds used so far by each live process of process group `pgid`, by pid
+    (Linux /proc; empty elsewhere). Less swayed by other work on a shared machine than wall time."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    total = 0
+    out: dict[int, float] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -137,8 +137,13 @@ def group_cpu_seconds(pgid: int) -> float:
             continue  # gone meanwhile
         # after the command: state, ppid, pgrp, ... utime and stime are the 12th and 13th
         if len(fields) > 12 and int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+            out[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """The sum of `group_cpu_by_process`."""
+    return sum(group_cpu_by_process(pgid).values())
 
 
 @contextmanager

@@ -122,6 +122,8 @@ def test_two_revisions_are_served_in_turn_and_compared(repo: Path, tmp_path: Pat
         assert run["client_report"]["model"] == {"A": "rev-one", "B": "rev-two"}[run["side"]]
         assert run["client_report"]["requests"] == 2
         assert run["metrics"]["server_cpu_s"] >= 0
+        assert len(run["cpu_by_process"]) >= 1  # the server process at least, by pid
+        assert sum(run["cpu_by_process"].values()) == pytest.approx(run["metrics"]["server_cpu_s"])
     latency = report["comparisons"]["latency_ms"]
     assert (latency["runs_a"], latency["runs_b"]) == (2, 2)
     assert latency["ratio"] == pytest.approx(latency["mean_b"] / latency["mean_a"])
