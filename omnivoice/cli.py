@@ -8,6 +8,8 @@ omnivoice bench encoder ...         (the audio encoder, per utterance vs batched
 omnivoice bench realtime ...        (spoken /v1/realtime sessions; options from omnivoice.bench.realtime_cli)
 omnivoice bench soak ...            (a long realtime run with barge-ins and abrupt disconnects, then a
                                      leak check; options from omnivoice.bench.soak_cli)
+omnivoice bench ab REV_A REV_B ...  (two git revisions served alternately, one workload, ratios B/A;
+                                     options from omnivoice.bench.ab_cli)
 omnivoice profile check PATH
 """
 
@@ -29,7 +31,7 @@ EXIT_USAGE = 2
 
 
 def build_parser(
-    with_bench: bool = False, with_realtime: bool = False, with_soak: bool = False
+    with_bench: bool = False, with_realtime: bool = False, with_soak: bool = False, with_ab: bool = False
 ) -> argparse.ArgumentParser:
     """The full parser; the options of `bench` (HTTP) and `bench realtime` are added only when asked for
     (their imports are lazy and need packages the engine alone does not)."""
@@ -133,6 +135,19 @@ def build_parser(
 
         add_soak_arguments(soak)
     soak.set_defaults(func=_bench_soak)
+    ab = modes.add_parser(
+        "ab",
+        help="serve two git revisions alternately, run one workload against each, print ratios B/A",
+        description="Unpacks REV_A and REV_B into temporary trees, serves each in turn (one server up at "
+        "a time) and runs the chat or realtime workload against it --runs times; prints the ratio of "
+        "means B/A of latency and time to first audio with a bootstrap interval and writes JSON. With "
+        "--fail-above it is a `git bisect run` script.",
+    )
+    if with_ab:  # its module needs httpx, as bench itself
+        from omnivoice.bench.ab_cli import add_arguments as add_ab_arguments
+
+        add_ab_arguments(ab)
+    ab.set_defaults(func=_bench_ab)
 
     profile = sub.add_parser("profile", help="work with deploy profiles", description="Deploy profile tools.")
     profile_sub = profile.add_subparsers(dest="profile_command", required=True, metavar="ACTION")
@@ -156,17 +171,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["encoder"],
         ["realtime"],
         ["soak"],
+        ["ab"],
     )
     try:
         parser = build_parser(
             with_bench=with_bench,
             with_realtime=positional[:2] == ["bench", "realtime"],
             with_soak=positional[:2] == ["bench", "soak"],
+            with_ab=positional[:2] == ["bench", "ab"],
         )
     except ImportError as e:
         print(f"omnivoice bench is not available: {e}", file=sys.stderr)
         return EXIT_USAGE
+    client_args: list[str] = []
+    if positional[:2] == ["bench", "ab"] and "--" in args_list:  # the rest is the workload client's
+        cut = args_list.index("--")
+        args_list, client_args = args_list[:cut], args_list[cut + 1 :]
     args = parser.parse_args(args_list)
+    if client_args:
+        args.client_args = client_args
     stacks_on_sigusr1()
     return args.func(args)
 
@@ -236,6 +259,13 @@ def _bench_realtime(args: argparse.Namespace) -> int:
 
 def _bench_soak(args: argparse.Namespace) -> int:
     from omnivoice.bench.soak_cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_ab(args: argparse.Namespace) -> int:
+    from omnivoice.bench.ab_cli import run
 
     configure_logging("info")
     return run(args)

@@ -70,7 +70,7 @@ class ChunkConfig(_Strict):
         True,
         description="decode the frames that have come (at least first_frames) instead of waiting for "
         "the whole chunk when, at the rate the stream's frames arrive, the rest would come after its "
-        "playback ran dry",
+        "playback ran dry (only while the stream's frames come faster than real time)",
     )
 
 

@@ -153,7 +153,11 @@ class Code2WavRunner:
 
     def _late(self, st: _Stream, missing: int) -> bool:
         """Whether `missing` more frames, arriving at the rate the stream's frames have so far, would
-        complete its chunk only after its playback has run dry (a decode step's time to spare)."""
+        complete its chunk only after its playback has run dry (a decode step's time to spare).
+
+        Never for a stream whose frames come slower than real time: it runs dry whatever is done, and
+        each short chunk decodes its left context again (a 4-frame chunk costs as much per frame as
+        several full ones), work taken from the talker that makes the frames, on a shared CPU."""
         if st.playback.started_at is None or st.first_frame_at is None:
             return False
         now = self.policy.clock()
@@ -161,6 +165,8 @@ class Code2WavRunner:
         if elapsed <= 0:
             return False
         rate = st.total / elapsed  # frames per second
+        if rate * self.policy.frame_s < 1.0:
+            return False
         slack = st.playback.frames * self.policy.frame_s - (now - st.playback.started_at)
         return slack - 2 * self._step_s < missing / rate
 

@@ -154,3 +154,20 @@ def test_a_chunk_that_would_come_after_playback_ran_dry_goes_out_short(code2wav:
     if catch_up:
         (pcm,) = [o for o in runner.step() if isinstance(o, PcmOutput)]
         assert len(pcm.pcm) == 5 * runner.upsample  # what had come, without waiting for the rest
+
+
+def test_a_stream_slower_than_real_time_is_not_cut_into_short_chunks(code2wav: Any) -> None:
+    """Its playback runs dry whatever is decoded; short chunks would only decode their left context
+    again and again, taking time from the stage that makes the frames."""
+    clock = Clock()
+    chunk = ChunkConfig(first_frames=4, frames=25, left_context=4, catch_up=True)
+    runner = Code2WavRunner(code2wav, Code2WavStage(max_batch=1), chunk, torch.device("cpu"), frame_s=FRAME_S)
+    runner.policy.clock = clock
+    runner.accept(CodecChunk("a", _frames(4), False))
+    assert _decoded(runner) == ["a"]
+    clock.now += 2.0  # 5 of the second chunk's 8 frames came in 2 s: far slower than real time
+    runner.accept(CodecChunk("a", _frames(5), False))
+    assert 9 / 2.0 * FRAME_S < 1 and not runner.has_work()
+    runner.accept(CodecChunk("a", _frames(3), False))
+    (pcm,) = [o for o in runner.step() if isinstance(o, PcmOutput)]
+    assert len(pcm.pcm) == 8 * runner.upsample  # the whole chunk, once its frames are all there
