@@ -39,9 +39,9 @@ class Eagerness:
 
 # `low` waits longest for a caller to go on, `high` answers soonest; `auto` is `medium`, as OpenAI's.
 SEMANTIC_EAGERNESS = {
-    "low": Eagerness(ceiling_ms=2000, done=0.8),
-    "medium": Eagerness(ceiling_ms=1000, done=0.5),
-    "auto": Eagerness(ceiling_ms=1000, done=0.5),
+    "low": Eagerness(ceiling_ms=2000, done=0.9),
+    "medium": Eagerness(ceiling_ms=1000, done=0.8),
+    "auto": Eagerness(ceiling_ms=1000, done=0.8),
     "high": Eagerness(ceiling_ms=600, done=0.5),
 }
 # the fields of each turn_detection type (OpenAI's): another type's field is refused, naming it

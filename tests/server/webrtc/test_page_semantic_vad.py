@@ -42,11 +42,11 @@ def test_page_offers_semantic_vad(pick: str, playwright: Any, server: ServerThre
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
-        query = "&turn=semantic_vad:low" if pick == "query" else ""
+        query = "&turn=semantic_vad" if pick == "query" else ""  # auto
         page.goto(f"{server.base_url}/?mode=webrtc{query}")
         page.wait_for_function("window.omnivoice && window.omnivoice.ready")
         if pick == "select":
-            page.select_option("#turn", "semantic_vad:low")
+            page.select_option("#turn", "semantic_vad:auto")
         page.click("#talk")
         page.wait_for_function("window.omnivoice.latencies.length >= 1", timeout=TIMEOUT_MS)
         state = page.evaluate("window.omnivoice")
@@ -59,6 +59,6 @@ def test_page_offers_semantic_vad(pick: str, playwright: Any, server: ServerThre
     finally:
         browser.close()
     assert not errors and not state["errors"], (errors, state["errors"])
-    assert td.type == "semantic_vad" and td.eagerness == "low"
-    assert state["turnDetection"]["type"] == "semantic_vad" and state["turnDetection"]["eagerness"] == "low"
+    assert td.type == "semantic_vad" and td.eagerness == "auto"
+    assert state["turnDetection"]["type"] == "semantic_vad" and state["turnDetection"]["eagerness"] == "auto"
     assert state["turns"] == 1 and judge.done > done_before  # the model ended the turn
