@@ -66,7 +66,13 @@ class TurnFeatures:
         half = N_FFT // 2
         padded = np.pad(x.astype(np.float64), half, mode="reflect")
         frames = sliding_window_view(padded, N_FFT)[::HOP]  # [FRAMES + 1, N_FFT]
-        power = np.abs(np.fft.rfft(frames * self._window, axis=-1)) ** 2  # [FRAMES + 1, freq]
+        # the frames that read only the zero padding in front (now one constant) are all alike: a
+        # short turn's spectrum is computed for its own frames and one of those
+        same = max(0, (WINDOW_SAMPLES - pcm.size - half) // HOP) if pcm.size < WINDOW_SAMPLES else 0
+        first = max(same - 1, 0)
+        power = np.abs(np.fft.rfft(frames[first:] * self._window, axis=-1)) ** 2  # [frames, freq]
+        if first:
+            power = np.concatenate([np.repeat(power[:1], first, axis=0), power])  # [FRAMES + 1, freq]
         log_mel = np.log10(np.maximum(self._filters_t @ power.T, 1e-10))[:, :-1]  # [n_mels, FRAMES]
         log_mel = np.maximum(log_mel, log_mel.max() - 8.0)
         return ((log_mel + 4.0) / 4.0).astype(np.float32)
