@@ -66,8 +66,8 @@ def _turn_events(rec: Recorder) -> list[str]:
 
 
 async def test_a_complete_question_ends_at_its_pause_not_at_the_ceiling(server: ServerThread) -> None:
-    stats = _judge(server)
-    done_before = stats.done
+    stats, speculation = _judge(server), server.server.config.app.state.realtime.speculation
+    done_before, confirmed_before = stats.done, speculation.confirmed
     speech = clip(DONE, RATE)
     ceiling_ms = SEMANTIC_EAGERNESS["low"].ceiling_ms
     async with client(server.base_url).realtime.connect(model="omnivoice") as conn:
@@ -87,6 +87,7 @@ async def test_a_complete_question_ends_at_its_pause_not_at_the_ceiling(server: 
     speech_end_ms = 1000 * (LEAD_S + speech.size / RATE)
     assert 0 < stopped.audio_end_ms - speech_end_ms < ceiling_ms / 2
     assert stats.done > done_before
+    assert speculation.confirmed > confirmed_before  # the response started at the pause answered it
 
 
 async def test_a_pause_held_open_leaves_no_trace_when_the_caller_goes_on(server: ServerThread) -> None:
