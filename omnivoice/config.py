@@ -473,6 +473,12 @@ class RealtimeConfig(_Strict):
         "the client is dropped (close 1008) and its response aborted. Keep it above the audio sent ahead "
         "plus one vocoder chunk (2 s of pcm16 is ~128 KB of base64)",
     )
+    turn_model_threads: int = Field(
+        2,
+        ge=1,
+        description="semantic_vad: CPU threads of one run of the end-of-turn model (Smart Turn), which "
+        "scores the pauses of all sessions that pause together as one batch",
+    )
 
 
 class TelephonyConfig(_Strict):

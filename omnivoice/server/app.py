@@ -41,6 +41,7 @@ from omnivoice.server.realtime.connection import realtime_endpoint
 from omnivoice.server.session.registry import Sessions
 from omnivoice.server.telephony.twilio_endpoint import twilio_endpoint
 from omnivoice.server.telephony.twiml import twilio_twiml
+from omnivoice.server.turn_metrics import TurnModelCollector
 from omnivoice.server.webrtc import signalling
 from omnivoice.server.webrtc.calls import Calls
 
@@ -86,6 +87,7 @@ def create_app(
                 await calls.close()  # WebRTC calls are no HTTP connections: uvicorn does not end them
             finally:
                 await app.state.metrics.loop_lag.stop()
+                await realtime.judge.close()
                 await lifecycle.close()
 
     app = Starlette(
@@ -127,6 +129,7 @@ def create_app(
         server_state=lambda: snapshot(app.state),
         promised_streams=lambda: admission.streams,
     )
+    app.state.metrics.registry.register(TurnModelCollector(realtime.judge.stats))
     return app
 
 

@@ -10,6 +10,10 @@
 // server answers 401 (or a key is stored) and keeps the key in this browser's localStorage. The key
 // only mints short-lived client secrets (ek_...); the sessions themselves use the secret.
 //
+// "turn ends" picks the session's turn detection: server VAD (a silence window) or semantic VAD (an
+// end-of-turn model decides at each pause; eagerness low / auto / high), also set by `?turn=` (e.g.
+// `?turn=semantic_vad:high`). The server's choice, as `session.updated` says, is `turnDetection`.
+//
 // "Share camera frame" (while connected) sends one camera frame as a user message with an
 // `input_image` part (conversation.item.create) and shows its thumbnail in the transcript; the camera
 // opens at the first frame, stays open for the next ones and closes with the call.
@@ -35,6 +39,7 @@ const page = {
   events: [],      // types of every server event, in order
   frames: [],      // camera frames sent: [{width, height, chars, eventId, itemId?, status}]
   errors: [],
+  turnDetection: null, // the session's turn_detection, as the server last confirmed it
 };
 window.omnivoice = page;
 
@@ -114,6 +119,9 @@ function onEvent(ev) {
     case "session.created":
       page.sessionId = ev.session.id;
       $("session-id").textContent = ev.session.id;
+      break;
+    case "session.updated":
+      page.turnDetection = ev.session.audio?.input?.turn_detection ?? null;
       break;
     case "input_audio_buffer.speech_started":
       setState("listening");
@@ -240,7 +248,10 @@ async function start() {
       ? new WebRTCTransport({ ...handlers, audioElement: $("remote-audio") })
       : new WebSocketTransport(handlers);
     await transport.connect(secret, mic, ctx);
-    transport.send({ type: "session.update", session: { type: "realtime", audio: { input: { transcription: TRANSCRIPTION } } } });
+    const input = { transcription: TRANSCRIPTION };
+    const turn = turnDetection();
+    if (turn) input.turn_detection = turn;
+    transport.send({ type: "session.update", session: { type: "realtime", audio: { input } } });
     setState("connected");
     running(true);
   } catch (err) {
@@ -251,6 +262,13 @@ async function start() {
   } finally {
     $("talk").disabled = false;
   }
+}
+
+/** The turn detection picked ("turn ends"): semantic VAD with its eagerness, or null for the
+ *  server's default (server VAD). */
+function turnDetection() {
+  const [type, eagerness] = $("turn").value.split(":");
+  return type === "semantic_vad" ? { type, eagerness } : null;
 }
 
 /** The transport's own state: a lost connection ends the session (and says why). */
@@ -333,6 +351,7 @@ function running(on) {
   talk.setAttribute("aria-pressed", String(on));
   $("talk-label").textContent = on ? "Stop" : "Start talking";
   document.querySelectorAll('input[name="mode"]').forEach((el) => { el.disabled = on; });
+  $("turn").disabled = on;
   $("camera").disabled = !on;
   clearInterval(meterTimer);
   meterTimer = on ? setInterval(meters, 100) : null;
@@ -352,6 +371,11 @@ function meters() {
 }
 
 document.querySelector(`input[name="mode"][value="${page.mode}"]`).checked = true;
+const turnParam = params.get("turn");
+if (turnParam) {
+  const value = turnParam === "semantic_vad" ? "semantic_vad:auto" : turnParam;
+  if ([...$("turn").options].some((o) => o.value === value)) $("turn").value = value;
+}
 const storedKey = localStorage.getItem(KEY_STORAGE);
 if (storedKey) {
   $("api-key").value = storedKey;

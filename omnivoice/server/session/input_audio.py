@@ -6,6 +6,7 @@ Positions are absolute sample indices at 16 kHz since the session's first append
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +118,12 @@ class TurnDetector:
         self._pause_at = 0  # end of the first silent frame of the silence under way
 
     def update(self, probs: list[float]) -> list[TurnEvent]:
-        events: list[TurnEvent] = []
+        """The events of `probs`, one speech probability per frame, in order."""
+        return list(self.events(probs))
+
+    def events(self, probs: list[float]) -> Iterator[TurnEvent]:
+        """`update`, frame by frame as the events are read: after an event, `next_frame` is where it
+        was heard, and `end_turn` there changes what the frames after it mean."""
         low = max(0.01, self.td.threshold - NEG_THRESHOLD_GAP)
         for p in probs:
             frame_start = self.next_frame
@@ -126,21 +132,26 @@ class TurnDetector:
                 self._run = self._run + 1 if p >= self.td.threshold else 0
                 if self._run >= MIN_SPEECH_FRAMES:
                     self.speaking, self._silence = True, 0
-                    events.append(SpeechStarted(frame_start - (MIN_SPEECH_FRAMES - 1) * FRAME))
+                    yield SpeechStarted(frame_start - (MIN_SPEECH_FRAMES - 1) * FRAME)
             elif p >= self.td.threshold:
                 if self._silence >= self._pause_frames:
-                    events.append(SpeechResumed(frame_start))
+                    yield SpeechResumed(frame_start)
                 self._silence = 0
             elif p < low:
                 self._silence += 1
                 if self._silence == 1:
                     self._pause_at = self.next_frame
                 if self._silence == self._pause_frames:
-                    events.append(SpeechPaused(self._pause_at))
-                if self._silence >= self._silence_frames:
+                    yield SpeechPaused(self._pause_at)
+                if self.speaking and self._silence >= self._silence_frames:
                     self.speaking, self._run = False, 0
-                    events.append(SpeechStopped(self.next_frame))
-        return events
+                    yield SpeechStopped(self.next_frame)
+
+    def end_turn(self) -> int:
+        """End the turn being spoken where the detector is (`next_frame`, returned): the end-of-turn
+        model heard it end at a pause. Speech after it starts a new turn."""
+        self.speaking, self._run, self._silence = False, 0, 0
+        return self.next_frame
 
     def reset(self, position: int) -> None:
         self.speaking, self._run, self._silence = False, 0, 0

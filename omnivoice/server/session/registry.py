@@ -1,5 +1,6 @@
 """The app's realtime sessions (`app.state.realtime`, made by `create_app`): the open ones, bounded by
-realtime.max_sessions, the Silero VAD they share, and the one way every transport opens one.
+realtime.max_sessions, the Silero VAD and the end-of-turn model they share, and the one way every
+transport opens one.
 
 Opening is admission first (`Sessions.admit`): the engine must be up, the API key within its request
 rate (unless the auth middleware already counted the request) and its cap of open sessions, the
@@ -26,6 +27,7 @@ from omnivoice.engine.api import EngineAPI
 from omnivoice.server.auth.limits import KeyLimits, RateLimited, SessionLease
 from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, EngineLifecycle, Slot
+from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
 from omnivoice.server.session.speculation import SpeculationStats
@@ -50,7 +52,7 @@ class SessionRefused(Exception):
 class Sessions:
     """`lifecycle` gives the engine (`require()`), `admission` the slot each response takes, `limits`
     the per-key limits; `vad` is loaded on first use unless given. `speculation` counts the sessions'
-    speculative responses."""
+    speculative responses; `judge` is semantic_vad's end-of-turn model, shared by them."""
 
     def __init__(
         self,
@@ -70,6 +72,7 @@ class Sessions:
         self._vad = vad
         self._vad_lock = asyncio.Lock()
         self.speculation = SpeculationStats()
+        self.judge = TurnJudge(threads=self.config.turn_model_threads)  # loaded once semantic_vad is used
 
     async def admit(self, owner: str, *, request_counted: bool = False) -> Ticket:
         """Admit a session of API key `owner`, or raise SessionRefused. `request_counted`: the auth
@@ -154,6 +157,7 @@ class Ticket:
             profile=sessions.profile,
             admission=sessions.admission,
             speculation=sessions.speculation,
+            judge=sessions.judge,
         )
         self.session = session  # closed by `close` even if its settings are refused
         if settings:

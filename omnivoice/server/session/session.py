@@ -7,8 +7,10 @@ Handlers raise `ProtocolError` for bad input; `handle` turns it into an `error` 
 The input buffer and turn detection are `Turns`' (turns.py); what a turn ends in (a barge-in, a
 response) is decided here. With server VAD, a turn's response may start when the speech pauses, held
 until the silence window confirms the turn (`Speculation`, speculation.py); speech before then, or any
-client event but an audio append (it may change what the response was planned from), drops it. The
-response in flight, its slot and its end are the `Responder`'s (responding.py).
+client event but an audio append (it may change what the response was planned from), drops it. With
+`semantic_vad` the end-of-turn model is asked at each pause, the speculative response already started,
+and a "done" ends the turn there. The response in flight, its slot and its end are the `Responder`'s
+(responding.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Conversation, Item
+from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.generation import ResponsePlan
 from omnivoice.server.session.input_audio import InputBuffer, SpeechPaused, SpeechResumed, SpeechStarted
 from omnivoice.server.session.outbox import Outbox
@@ -47,7 +50,8 @@ log = logging.getLogger(__name__)
 
 class Session:
     """`admission` gives each response its slot among the server's requests in flight; `speculation`
-    counts the speculative responses (the app's, shared by its sessions)."""
+    counts the speculative responses and `judge` is the end-of-turn model of `semantic_vad` (the app's,
+    shared by its sessions; without one, a semantic_vad turn ends at its eagerness's ceiling)."""
 
     def __init__(
         self,
@@ -59,6 +63,7 @@ class Session:
         profile: Profile,
         admission: Admission,
         speculation: SpeculationStats | None = None,
+        judge: TurnJudge | None = None,
     ) -> None:
         self.id = session_id
         self.engine = engine
@@ -80,6 +85,7 @@ class Session:
             pause_ms=profile.realtime.speculative_pause_ms,
             log_mel=engine.log_mel,
             window_frames=info.audio_window_frames,
+            judge=judge,
         )
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
@@ -199,21 +205,27 @@ class Session:
                 self.turns.speech_started(ev.position)
                 await self._speech_started()
             elif isinstance(ev, SpeechPaused):
-                self._speech_paused(ev.position)
+                self._speech_paused(ev.position)  # the response starts while the model decides
+                if await self.turns.done_at_pause():  # semantic_vad: the caller is done
+                    self._speech_stopped(self.turns.end_turn())
             elif isinstance(ev, SpeechResumed):
                 await self._speculator.drop()
             else:
-                # confirmed: the turn commits what the speculative response was prompted with
-                early = self._speculator.confirm()
-                item = self.turns.speech_stopped(ev.position, early[0].item if early else None)
-                if item is not None:
-                    self._turn_ended(item, early)
-                    self._transcribe(item)
+                self._speech_stopped(ev.position)
         if self.turns.ahead:  # whole encoder windows of the turn being spoken: encoded while it goes on
             windows, self.turns.ahead = self.turns.ahead, []
             td = self.settings.turn_detection
             if td is not None and td.create_response:
                 self.engine.encode_ahead(self.id, windows)
+
+    def _speech_stopped(self, position: int) -> None:
+        """The turn ended at `position`: it commits what the speculative response (if one was started
+        at the pause) was prompted with, and that response is confirmed."""
+        early = self._speculator.confirm()
+        item = self.turns.speech_stopped(position, early[0].item if early else None)
+        if item is not None:
+            self._turn_ended(item, early)
+            self._transcribe(item)
 
     def _transcribe(self, item: Item) -> None:
         """A committed user turn: transcribe it beside its response (started first), if asked to."""

@@ -6,7 +6,9 @@ are accepted and echoed; those that ask for what this server cannot do (a stored
 are refused, naming the field; unknown fields are rejected with their name. `tools` and
 `tool_choice` are session/tools.py's.
 
-`semantic_vad` maps to server VAD with a silence wait chosen by its eagerness (see EAGERNESS_SILENCE_MS).
+`semantic_vad` is server VAD plus the end-of-turn model (session/end_of_turn.py): at each pause the model
+scores the turn, a probability of "done" at or above its eagerness's bar ends the turn at once, and
+otherwise the turn waits for speech or for the eagerness's ceiling of silence (`SEMANTIC_EAGERNESS`).
 """
 
 from __future__ import annotations
@@ -25,8 +27,25 @@ from omnivoice.server.session.tools import (
     resolve_tools,
 )
 
-# semantic_vad eagerness -> silence (ms) before the turn ends; "auto" is "medium".
-EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+
+@dataclass(frozen=True)
+class Eagerness:
+    """How a `semantic_vad` eagerness ends turns: at a pause the end-of-turn model's probability of
+    "done" at or above `done` ends the turn there; otherwise `ceiling_ms` of silence ends it."""
+
+    ceiling_ms: int
+    done: float
+
+
+# `low` waits longest for a caller to go on, `high` answers soonest; `auto` is `medium`, as OpenAI's.
+SEMANTIC_EAGERNESS = {
+    "low": Eagerness(ceiling_ms=2000, done=0.9),
+    "medium": Eagerness(ceiling_ms=1000, done=0.8),
+    "auto": Eagerness(ceiling_ms=1000, done=0.8),
+    "high": Eagerness(ceiling_ms=600, done=0.5),
+}
+# the fields of each turn_detection type (OpenAI's): another type's field is refused, naming it
+_SERVER_VAD_ONLY = ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
 # OpenAI's voice names: clients send them by default; they map to the model's default voice.
 OPENAI_VOICES = frozenset(
     [
@@ -149,6 +168,11 @@ class TurnDetection:
     interrupt_response: bool = True
     idle_timeout_ms: int | None = None
     eagerness: str = "auto"
+
+    @property
+    def semantic(self) -> Eagerness | None:
+        """How the end-of-turn model ends this turn detection's turns; None for server_vad."""
+        return SEMANTIC_EAGERNESS[self.eagerness] if self.type == "semantic_vad" else None
 
     def wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -283,7 +307,9 @@ def apply_patch(
     if tokens is not None:
         changes["max_output_tokens"] = None if tokens == "inf" else _positive(tokens, "max_output_tokens")
     if td_set:
-        changes["turn_detection"] = None if td_param is None else _turn_detection(td_param, s.turn_detection)
+        beta = a_in is None or "turn_detection" not in a_in.model_fields_set
+        where = "session.turn_detection" if beta else "session.audio.input.turn_detection"
+        changes["turn_detection"] = None if td_param is None else _turn_detection(td_param, where)
     if tr_set:
         changes["transcription"] = None if tr_param is None else Transcription.of(tr_param)
     if p.omnivoice is not None:
@@ -311,12 +337,19 @@ def _positive(value: int, name: str) -> int:
     return value
 
 
-def _turn_detection(p: TurnDetectionParam, current: TurnDetection | None) -> TurnDetection:
-    base = TurnDetection()  # a new turn_detection object replaces the old one, as OpenAI does
-    del current
+def _turn_detection(p: TurnDetectionParam, where: str) -> TurnDetection:
+    """A new turn_detection object replaces the old one, as OpenAI does; `where` names it in errors."""
+    base = TurnDetection()
+    if p.type == "semantic_vad":  # a field sent as null is as good as left out
+        wrong = [f for f in _SERVER_VAD_ONLY if getattr(p, f) is not None]
+        if wrong:
+            message = f"{wrong[0]} is a server_vad setting; semantic_vad takes eagerness instead"
+            raise SettingsError(message, f"{where}.{wrong[0]}")
+    elif p.eagerness is not None:
+        raise SettingsError("eagerness is a semantic_vad setting", f"{where}.eagerness")
     silence = p.silence_duration_ms
     if p.type == "semantic_vad":
-        silence = EAGERNESS_SILENCE_MS[p.eagerness or "auto"]
+        silence = SEMANTIC_EAGERNESS[p.eagerness or "auto"].ceiling_ms
     return TurnDetection(
         type=p.type,
         threshold=base.threshold if p.threshold is None else p.threshold,

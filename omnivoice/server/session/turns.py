@@ -12,6 +12,12 @@ as the item it would commit, without committing it (a speculative response is pr
 (`commit`) or clears (`clear`) the buffer itself. `Turns` knows nothing of responses: the session
 decides what a turn does.
 
+With `semantic_vad`, a pause is also put to the end-of-turn model (`done_at_pause`, the app's
+`TurnJudge`, with the turn's audio so far); when it says the caller is done, the session ends the turn
+there (`end_turn`) instead of waiting for the eagerness's ceiling of silence. The detector's events are
+read one at a time (`append` returns them lazily), so the frames after a turn ended this way are read
+as what follows the turn: a new turn if the caller goes on.
+
 While a turn is spoken (server VAD), its log-mel features are computed as its audio arrives, in the
 same worker thread as the VAD, so the committed item's features need only their last frames; each
 whole audio-encoder window of them is put in `ahead` for the session to have encoded ahead.
@@ -22,20 +28,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from omnivoice.audio.log_mel import LogMel, LogMelStream
 from omnivoice.audio.resample import StreamResampler
+from omnivoice.audio.turn_features import WINDOW_SAMPLES
 from omnivoice.audio.vad import VadStream
 from omnivoice.audio.wav import AudioDecodeError
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
+from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.input_audio import BufferFull, InputBuffer, TurnDetector, TurnEvent
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session_config import SessionSettings
+
+log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
 
@@ -44,7 +55,8 @@ class Turns:
     """The input buffer (at most `max_samples` at 16 kHz), the VAD stream and turn detector, and the
     turn being spoken. Committed items go into `conversation`, events to `outbox`. `log_mel` (None:
     none) featurizes a turn while it is spoken; `window_frames` (0: none) is the audio encoder's
-    window, whose whole windows of a turn's features go to `ahead`."""
+    window, whose whole windows of a turn's features go to `ahead`. `judge` (None: none) is the
+    end-of-turn model of `semantic_vad`; without it a semantic_vad turn ends at its ceiling."""
 
     def __init__(
         self,
@@ -56,8 +68,10 @@ class Turns:
         pause_ms: int = 0,
         log_mel: LogMel | None = None,
         window_frames: int = 0,
+        judge: TurnJudge | None = None,
     ) -> None:
         self.settings = settings
+        self._judge = judge
         self._pause_ms = pause_ms  # silence after speech that is a pause (TurnDetector)
         self.buffer = InputBuffer(max_samples)
         self._vad = vad
@@ -90,6 +104,8 @@ class Turns:
             td = new.turn_detection
             self._detector = TurnDetector(td, position, self._pause_ms) if td else None
             self._speech = self._stream = None
+            if td is not None and td.semantic is not None and self._judge is not None:
+                self._judge.prepare()
 
     # ---- appending ------------------------------------------------------------------------------
     def check_append(self, e: p.AudioAppend) -> None:
@@ -115,23 +131,32 @@ class Turns:
 
     async def append(
         self, audio: Any, event_id: str | None = None, convert: Callable[[Any], np.ndarray] | None = None
-    ) -> list[TurnEvent]:
+    ) -> Iterator[TurnEvent]:
         """Append mono float32 audio at 16 kHz (or `audio` as it came, which `convert` turns into
-        that); with server VAD, the turn detector's events in order.
+        that); with server VAD, the turn detector's events in order, each computed as it is read
+        (`end_turn` after one changes those after it).
 
         Converting (base64, G.711, resampling), VAD and the spoken turn's log-mel run in one call of a
         worker thread: the event loop serves every session meanwhile. The session handles its events
         one at a time, so the buffer and the streams are the worker's while it runs."""
         if self._detector is None and convert is None:
             self._buffer(audio, event_id)
-            return []
+            return iter(())
         stream, safe = self._stream, 0
         if stream is not None and self._speech is not None and self._detector is not None:
             # the turn ends where the detector hears it end: never before the audio scored so far
             safe = self._detector.next_frame - self._speech[1]
         probs, windows = await asyncio.to_thread(self._take, audio, convert, stream, safe, event_id)
         self.ahead += windows
-        return self._detector.update(probs) if self._detector is not None and probs else []
+        if self._detector is None or not probs:
+            return iter(())
+        return self._events(self._detector, probs)
+
+    def _events(self, detector: TurnDetector, probs: list[float]) -> Iterator[TurnEvent]:
+        for event in detector.events(probs):
+            if self._detector is not detector:
+                return  # the turn detection changed while they were read (WebRTC): they are void
+            yield event
 
     def _take(
         self,
@@ -193,6 +218,33 @@ class Turns:
                 "item_id": self._speech[0],
             }
         )
+
+    async def done_at_pause(self) -> bool:
+        """semantic_vad, at a pause just read from `append`'s events: whether the end-of-turn model
+        says the caller is done, from the turn's audio (its last 8 s) up to where the pause was heard.
+        False for server_vad, without a model, or when the model fails (the ceiling ends the turn)."""
+        td, detector = self.settings.turn_detection, self._detector
+        semantic = td.semantic if td is not None else None
+        if semantic is None or self._judge is None or detector is None or self._speech is None:
+            return False
+        heard = detector.next_frame
+        clip = self.buffer.peek(max(self._speech[1], heard - WINDOW_SAMPLES), heard)
+        try:
+            prob = await self._judge.score(clip)
+        except Exception:
+            log.warning("the end-of-turn model failed; the turn waits for its ceiling", exc_info=True)
+            return False
+        if self._detector is not detector or not detector.speaking:
+            return False  # the settings changed while it was scored: that turn is gone
+        done = prob >= semantic.done
+        self._judge.count(done)
+        return done
+
+    def end_turn(self) -> int:
+        """End the turn being spoken where the pause was heard (after `done_at_pause`); returns that
+        position, for `speech_stopped`."""
+        assert self._detector is not None
+        return self._detector.end_turn()
 
     def spoken(self, position: int) -> Item | None:
         """The turn's audio up to `position` as the user item it would commit, without committing it

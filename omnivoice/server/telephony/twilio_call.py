@@ -1,16 +1,16 @@
 """One phone call over Twilio Media Streams: the carrier's messages in, a realtime `Session` behind them.
 
 `start` opens the session (u-law both ways, server VAD with barge-in; `customParameters` choose the
-voice and instructions), `media` feeds it the caller's audio, echoed `mark`s tell the outbox what was
-played, `stop` ends the call. When the caller speaks over the assistant, the session cancels the
-response and asks the outbox to `interrupt` (which sends `clear`); the interrupted item keeps only
-what the echoed marks say was heard. Messages the call cannot use are logged and dropped.
+voice, instructions and turn detection), `media` feeds it the caller's audio, echoed `mark`s tell the
+outbox what was played, `stop` ends the call. When the caller speaks over the assistant, the session
+cancels the response and asks the outbox to `interrupt` (which sends `clear`); the interrupted item
+keeps only what the echoed marks say was heard. Messages the call cannot use are logged and dropped.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -39,7 +39,9 @@ class CallParameters(BaseModel):
 
     voice: str | None = None
     instructions: str | None = None
-    silence_duration_ms: int | None = Field(None, ge=0, le=10_000)
+    silence_duration_ms: int | None = Field(None, ge=0, le=10_000)  # server_vad
+    turn_detection: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None  # semantic_vad
     max_output_tokens: int | None = Field(None, ge=1)
     # omnivoice extension, for tests and benchmarks on a random-weight model: fixed output lengths
     min_output_tokens: int | None = Field(None, ge=0)
@@ -58,9 +60,17 @@ class CallParameters(BaseModel):
             return cls.model_validate({k: v for k, v in raw.items() if k not in bad}), problems
 
     def session_update(self) -> dict[str, Any]:
-        """A `session.update` object: u-law both ways, server VAD with barge-in, these settings."""
-        vad: dict[str, Any] = {"type": "server_vad", "create_response": True, "interrupt_response": True}
-        if self.silence_duration_ms is not None:
+        """A `session.update` object: u-law both ways, server VAD (or semantic VAD: the caller's 8 kHz
+        audio reaches the end-of-turn model resampled to 16 kHz, as it reaches the VAD) with barge-in,
+        these settings. Each turn detection takes its own setting: the other's is left out."""
+        vad: dict[str, Any] = {
+            "type": self.turn_detection,
+            "create_response": True,
+            "interrupt_response": True,
+        }
+        if self.turn_detection == "semantic_vad" and self.eagerness is not None:
+            vad["eagerness"] = self.eagerness
+        elif self.turn_detection == "server_vad" and self.silence_duration_ms is not None:
             vad["silence_duration_ms"] = self.silence_duration_ms
         ulaw = {"type": "audio/pcmu"}
         out: dict[str, Any] = {

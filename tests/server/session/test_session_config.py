@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnivoice.server.session.session_config import (
-    EAGERNESS_SILENCE_MS,
+    SEMANTIC_EAGERNESS,
     SessionPatch,
     SessionSettings,
     SettingsError,
@@ -45,10 +45,49 @@ def test_turn_detection_and_semantic_vad_eagerness() -> None:
     s = update(s, {"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 0.7,
                                                           "silence_duration_ms": 200}}}})  # fmt: skip
     assert s.turn_detection.threshold == 0.7 and s.turn_detection.prefix_padding_ms == 300
-    for eagerness, ms in EAGERNESS_SILENCE_MS.items():
+    for eagerness, rule in SEMANTIC_EAGERNESS.items():
         td = update(s, {"turn_detection": {"type": "semantic_vad", "eagerness": eagerness}}).turn_detection
-        assert td.type == "semantic_vad" and td.silence_duration_ms == ms
+        assert td.type == "semantic_vad" and td.semantic == rule
+        assert td.silence_duration_ms == rule.ceiling_ms  # the ceiling: the longest a turn waits
+        wire = {"type": "semantic_vad", "eagerness": eagerness}
+        assert td.wire() == {**wire, "create_response": True, "interrupt_response": True}
+    assert s.turn_detection.semantic is None  # server_vad: no end-of-turn model
     assert update(s, {"instructions": "x"}).turn_detection == s.turn_detection  # untouched when absent
+
+
+def test_eagerness_moves_the_ceiling_and_the_bar() -> None:
+    low, medium, high = (SEMANTIC_EAGERNESS[e] for e in ("low", "medium", "high"))
+    assert low.ceiling_ms > medium.ceiling_ms > high.ceiling_ms  # low waits longest
+    assert low.done >= medium.done >= high.done  # and wants the surest "done"
+    assert SEMANTIC_EAGERNESS["auto"] == medium
+    s = SessionSettings(voice="ethan")
+    td = update(s, {"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}).turn_detection
+    assert td.eagerness == "auto" and td.semantic == medium
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "silence_duration_ms": 300}}}},
+         "session.audio.input.turn_detection.silence_duration_ms"),
+        ({"turn_detection": {"type": "semantic_vad", "eagerness": "low", "threshold": 0.6}},
+         "session.turn_detection.threshold"),
+        ({"turn_detection": {"type": "server_vad", "eagerness": "high"}}, "session.turn_detection.eagerness"),
+    ],
+)  # fmt: skip
+def test_a_setting_of_the_other_turn_detection_is_refused(patch: dict, param: str) -> None:
+    s = SessionSettings(voice="ethan")
+    with pytest.raises(SettingsError) as e:
+        update(s, patch)
+    assert e.value.param == param
+
+
+def test_settings_sent_as_null_are_left_out_and_bad_eagerness_fails() -> None:
+    s = SessionSettings(voice="ethan")
+    td = {"type": "semantic_vad", "eagerness": "high", "threshold": None, "silence_duration_ms": None}
+    assert update(s, {"turn_detection": td}).turn_detection.semantic == SEMANTIC_EAGERNESS["high"]
+    with pytest.raises(ValueError):  # pydantic's ValidationError: the protocol layer's invalid_value
+        update(s, {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}})
 
 
 def test_openai_voices_map_to_the_default_and_unknown_voices_fail() -> None:
