@@ -1,6 +1,6 @@
 """Smart Turn v3.2, the ONNX model carried in the package (as the pipecat-ai wheel ships it), on the
-benchmark's espeak-ng clips (benchmarks/turn_clips): its scores against saved reference scores of the shipped model, and a batch
-scoring as its pauses would one by one."""
+benchmark's espeak-ng clips (benchmarks/turn_clips): its scores against saved reference scores of the
+shipped model, and a batch scoring as its pauses would one by one."""
 
 from __future__ import annotations
 
