@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -41,9 +42,13 @@ from omnivoice.server.errors import (
     server_overloaded,
     shutting_down,
 )
+from omnivoice.server.json_bounds import JsonBounds
 from omnivoice.types import (
+    ChatMessage,
     GenerationRequest,
+    ImagePart,
     Prompt,
+    PromptTooLong,
     Sampling,
     text_exceeds,
 )
@@ -108,7 +113,10 @@ def _refused(e: APIError) -> str:
 async def _prepare(
     request: Request, engine: EngineAPI, profile: Profile
 ) -> tuple[ChatRequest, GenerationRequest, Turn]:
-    body = await read_json_object(request, profile.server.max_body_bytes)
+    s = profile.server
+    body = await read_json_object(
+        request, s.max_body_bytes, JsonBounds(s.max_json_elements, s.max_json_depth)
+    )
     # Validating, decoding audio and tokenizing are CPU work, in proportion to what the client sent:
     # all of it runs off the event loop, so one large request never stalls the others.
     req, prompt, voice = await asyncio.to_thread(_request_and_prompt, body, engine, profile)
@@ -163,6 +171,7 @@ def _request_and_prompt(
             f"{info.max_prompt_tokens} tokens can hold"
         )
     messages = to_engine_messages(req, profile.server.max_audio_seconds, profile.server.max_image_pixels)
+    check_image_budget(messages, profile.server.max_request_image_pixels)
     tools = req.offered_tools
     if tools is not None:
         try:
@@ -172,12 +181,25 @@ def _request_and_prompt(
             raise bad_request(message, param="tools", code="invalid_schema") from None
     try:
         prompt = engine.build_prompt(messages, tools.functions if tools else ())
+    except PromptTooLong as e:  # known from the images' sizes, before any was decoded
+        raise context_length_exceeded(str(e)) from None
     except ValueError as e:  # the engine's PromptError: a user-facing message
         raise bad_request(str(e), param="messages") from None
     if len(prompt.input_ids) > info.max_prompt_tokens:
         message = f"the prompt has {len(prompt.input_ids)} tokens; the limit is {info.max_prompt_tokens}"
         raise context_length_exceeded(message)
     return req, prompt, voice
+
+
+def check_image_budget(messages: Sequence[ChatMessage], max_pixels: int) -> None:
+    """A 400 when the request's images hold more than `max_pixels` pixels in all (from their headers)."""
+    total = sum(p.shape[0] * p.shape[1] for m in messages for p in m.parts if isinstance(p, ImagePart))
+    if total > max_pixels:
+        message = (
+            f"the request's images hold {total} pixels in all; the limit is {max_pixels} "
+            "(server.max_request_image_pixels)"
+        )
+        raise bad_request(message, param="messages", code="image_budget_exceeded")
 
 
 def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
