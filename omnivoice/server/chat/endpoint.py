@@ -34,6 +34,7 @@ from omnivoice.server.chat.schema import (
     to_engine_messages,
 )
 from omnivoice.server.chat.sse import DONE, EventStreamResponse, sse_event
+from omnivoice.server.chat.tools import tool_texts
 from omnivoice.server.errors import (
     APIError,
     bad_request,
@@ -166,9 +167,13 @@ def _request_and_prompt(
             raise bad_request(message, param="response_format", code="invalid_schema") from None
     texts = prompt_texts(req)
     if text_exceeds(texts, info.max_prompt_chars):
+        part = (
+            "tools" if text_exceeds(tool_texts(req.offered_tools, []), info.max_prompt_chars) else "messages"
+        )
         raise context_length_exceeded(
-            f"the messages hold {sum(map(len, texts))} characters of text, more than a prompt of "
-            f"{info.max_prompt_tokens} tokens can hold"
+            f"the {part} hold {sum(map(len, texts))} characters of text, more than a prompt of "
+            f"{info.max_prompt_tokens} tokens can hold",
+            part,
         )
     messages = to_engine_messages(req, profile.server.max_audio_seconds, profile.server.max_image_pixels)
     check_image_budget(messages, profile.server.max_request_image_pixels)
@@ -187,8 +192,19 @@ def _request_and_prompt(
         raise bad_request(str(e), param="messages") from None
     if len(prompt.input_ids) > info.max_prompt_tokens:
         message = f"the prompt has {len(prompt.input_ids)} tokens; the limit is {info.max_prompt_tokens}"
-        raise context_length_exceeded(message)
+        raise context_length_exceeded(message, _too_long_part(engine, messages, tools is not None))
     return req, prompt, voice
+
+
+def _too_long_part(engine: EngineAPI, messages: Sequence[ChatMessage], tools: bool) -> str:
+    """The part that makes a prompt too long: "tools" when the messages alone would fit."""
+    if not tools:
+        return "messages"
+    try:
+        alone = engine.build_prompt(messages)
+    except ValueError:
+        return "messages"
+    return "tools" if len(alone.input_ids) <= engine.info.max_prompt_tokens else "messages"
 
 
 def check_image_budget(messages: Sequence[ChatMessage], max_pixels: int) -> None:
@@ -205,6 +221,11 @@ def check_image_budget(messages: Sequence[ChatMessage], max_pixels: int) -> None
 def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
     d = profile.stages.thinker.sampling
     max_tokens = req.max_text_tokens or d.max_tokens
+    context = profile.stages.thinker.max_seq_len
+    if max_tokens > context:  # (a prompt and its answer share the thinker's context)
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        message = f"{param} is {max_tokens}; the model's context is {context} tokens"
+        raise bad_request(message, param=param, code="invalid_value")
     min_tokens = max_tokens if req.ignore_eos else (req.min_tokens or 0)
     if min_tokens > max_tokens:
         raise bad_request(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")

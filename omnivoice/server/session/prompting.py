@@ -101,6 +101,8 @@ def fit_prompt(
                 middle = (low + high) // 2
                 low, high = (low, middle) if attempt(middle) is not None else (middle, high)
             return attempt(high) or "the prompt could not be built"
+    if tools and isinstance(_try(engine, conversation, instructions, (), last, limit), tuple):
+        return f"the functions offered (tools) leave no room in the model's context ({limit} tokens)"
     return f"the latest conversation item alone is longer than the model's context ({limit} tokens)"
 
 
