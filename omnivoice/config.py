@@ -374,6 +374,12 @@ class ServerConfig(_Strict):
         description="pixels (width x height, read from each image's header before any is decoded) of all "
         "the images of one chat request; past it the request gets 400 (image_budget_exceeded)",
     )
+    memory_trim_interval_s: float = Field(
+        10.0,
+        ge=0,
+        description="how often the server checks its resident memory and, grown by more than 32 MB since "
+        "the last trim, returns the allocator's free pages to the system (malloc_trim); 0: never",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     send_timeout_s: float = Field(
         10.0,
