@@ -148,8 +148,9 @@ class Engine(Dispatch):
 
     def check_tools(self, tools: Tools) -> None:
         grammar = call_grammar(tools)
-        if grammar is not None:
-            self.check_grammar(grammar)
+        error = self._grammars.check_functions(tools, grammar) if grammar is not None else None
+        if error is not None:
+            raise ValueError(error)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._closed:

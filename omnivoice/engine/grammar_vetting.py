@@ -25,7 +25,7 @@ from typing import Any
 
 from omnivoice.models.grammars import grammar_error, grammar_tokenizer, matcher_error, matcher_for
 from omnivoice.models.schema_limits import schema_limit_error
-from omnivoice.types import Grammar
+from omnivoice.types import Grammar, Tools
 
 log = logging.getLogger(__name__)
 START_ALLOWANCE_S = 60.0  # a fresh worker's imports and llguidance tokenizer, on a loaded host
@@ -79,6 +79,17 @@ class GrammarVetter:
                 self._answers.popitem(last=False)
         pending.set_result(answer)
         return answer
+
+    def check_functions(self, tools: Tools, grammar: Grammar) -> str | None:
+        """Why the call grammar of `tools` (`grammar`) cannot be used: a function's parameters schema
+        over the limits on its text, or the grammar's compile (as `check`)."""
+        for f in tools.functions:
+            if tools.function is not None and f.name != tools.function:
+                continue
+            error = schema_limit_error(f.parameters) if f.parameters is not None else None
+            if error is not None:
+                return f"function {f.name!r}: {error}"
+        return self.check(grammar)
 
     def _vet(self, grammar: Grammar) -> str | None:
         if grammar.kind == "json_schema":
