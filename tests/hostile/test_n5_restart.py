@@ -4,6 +4,7 @@ for it; once the stages are back, responses work again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -39,8 +40,9 @@ def _stage_process(pid: int) -> int:
     raise AssertionError("no stage process found")
 
 
-def _health(base: str) -> str:
-    return str(httpx.get(base + "/health", timeout=30).json()["status"])
+async def _health(base: str) -> str:
+    async with httpx.AsyncClient(timeout=30) as c:  # (the test's loop keeps answering the pings)
+        return str((await c.get(base + "/health")).json()["status"])
 
 
 @pytest.mark.timeout(900)
@@ -56,9 +58,9 @@ async def test_a_response_during_a_restart_is_an_error_event(server: ServeProces
         logged = len(server.lines)
         os.kill(_stage_process(server.proc.pid), signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while _health(base) != "restarting":
+        while await _health(base) != "restarting":
             assert time.monotonic() < deadline, "the server never said it was restarting"
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
         await ws.send(json.dumps({"type": "response.create"}))
         done = await reader.until(lambda e: e["type"] == "response.done", 60)
         if done["response"]["status"] == "failed":
@@ -66,12 +68,12 @@ async def test_a_response_during_a_restart_is_an_error_event(server: ServeProces
             assert error["error"]["type"] == "server_error" and error["error"]["code"] == "engine_restarting"
             assert done["response"]["status_details"]["error"]["code"] == "engine_restarting"
         else:  # (the stages came back before the response started: it was served)
-            assert _health(base) == "ok", done
+            assert await _health(base) == "ok", done
         # the stages come back, and so do responses
         deadline = time.monotonic() + 180
-        while _health(base) != "ok":
+        while await _health(base) != "ok":
             assert time.monotonic() < deadline, "the stages did not come back"
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)
         await ws.send(json.dumps({"type": "response.create"}))
         last = await reader.until(lambda e: e["type"] == "response.done" and e is not done, 120)
         assert last["response"]["status"] in ("completed", "incomplete"), last
