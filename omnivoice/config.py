@@ -159,6 +159,19 @@ class ThinkerStage(StageConfig):
         "and speech encoded while it is spoken; a request is prefilled once its audio is encoded. Larger: "
         "a burst of long utterances is encoded sooner, smaller: running requests' decode steps wait less",
     )
+    grammar_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="longest compile of one request's grammar (response_format schema, required tool "
+        "call), in a worker process before the request reaches the thinker; a costlier one is refused "
+        "(chat: 400 invalid_schema; realtime: an error event)",
+    )
+    grammar_memory_mb: int = Field(
+        512, ge=64, description="memory one grammar's compile may take in its worker; past it it is refused"
+    )
+    grammar_cache_entries: int = Field(
+        256, ge=1, description="grammars whose verdict (usable, or why not) is kept, by their text"
+    )
 
 
 class TalkerStage(StageConfig):
@@ -371,9 +384,31 @@ class ServerConfig(_Strict):
     max_body_bytes: int = Field(
         25 * 1024 * 1024, ge=1024, description="request bodies larger than this get 413 (chunked ones too)"
     )
+    max_json_elements: int = Field(
+        200_000,
+        ge=100,
+        description="values one request body or realtime event may hold, counted before parsing by its "
+        "'[', '{' and ',' characters (those inside strings too); past it: 413 json_too_complex (realtime: "
+        "an error event, json_too_complex)",
+    )
+    max_json_depth: int = Field(
+        64, ge=8, description="nesting of one request body or realtime event; deeper: as max_json_elements"
+    )
     max_audio_seconds: float = Field(120.0, gt=0, description="longest input audio per content part")
     max_image_pixels: int = Field(
         4096 * 4096, ge=1, description="largest input image (width x height) per content part; larger get 400"
+    )
+    max_request_image_pixels: int = Field(
+        4 * 4096 * 4096,
+        ge=1,
+        description="pixels (width x height, read from each image's header before any is decoded) of all "
+        "the images of one chat request; past it the request gets 400 (image_budget_exceeded)",
+    )
+    memory_trim_interval_s: float = Field(
+        10.0,
+        ge=0,
+        description="how often the server checks its resident memory and, grown by more than 32 MB since "
+        "the last trim, returns the allocator's free pages to the system (malloc_trim); 0: never",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     send_timeout_s: float = Field(
@@ -465,6 +500,19 @@ class RealtimeConfig(_Strict):
         ge=1024,
         description="largest client event; a larger one gets an error event (event_too_large) and the "
         "session goes on; a WebSocket frame over twice this is refused by the protocol layer (close 1009)",
+    )
+    max_conversation_items: int = Field(
+        2000,
+        ge=2,
+        description="items one session's conversation holds; past it a conversation.item.create gets an "
+        "error event (conversation_full), while the server's own items (turns, responses) drop the oldest "
+        "(conversation.item.deleted)",
+    )
+    max_session_image_pixels: int = Field(
+        4 * 4096 * 4096,
+        ge=1,
+        description="pixels (width x height, read from each image's header) of all input_image items one "
+        "session holds; past it a conversation.item.create gets an error event (image_budget_exceeded)",
     )
     max_outbox_bytes: int = Field(
         8 * 1024 * 1024,

@@ -37,9 +37,22 @@ class AudioPart:
 
 @dataclass(frozen=True)
 class ImagePart:
-    """A decoded image: RGB pixels [H, W, 3] uint8; the prompt builder resizes and patches it."""
+    """An image: decoded RGB pixels [H, W, 3] uint8 (`rgb`), or its encoded file (`data`, PNG, JPEG
+    or WebP) with the `width` and `height` its header gives. The prompt builder resizes and patches
+    it; an encoded image is decoded there, one at a time, only once the placeholder tokens its size
+    makes are known to fit the prompt, so only its bytes are held meanwhile."""
 
-    rgb: np.ndarray
+    rgb: np.ndarray | None = None
+    data: bytes = b""
+    width: int = 0
+    height: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(height, width) in pixels."""
+        if self.rgb is not None:
+            return int(self.rgb.shape[0]), int(self.rgb.shape[1])
+        return self.height, self.width
 
 
 @dataclass(frozen=True)
@@ -231,6 +244,11 @@ class Finished:
 
 
 EngineOutput = TextDelta | ToolCallDelta | ToolCallDone | AudioChunk | Finished
+
+
+class PromptTooLong(ValueError):
+    """The messages cannot fit the thinker's context, known before they are all tokenized (their
+    images' placeholder tokens alone are too many); a user-facing message."""
 
 
 class EngineOverloaded(Exception):

@@ -27,6 +27,7 @@ from omnivoice.engine.capacity import engine_capacity
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.device_fault import exit_soon
 from omnivoice.engine.dispatch import RESTARTING, STOPPED, Dispatch
+from omnivoice.engine.grammar_vetting import GrammarVetter
 from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
@@ -38,7 +39,6 @@ from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
 from omnivoice.messages import Abort, EncodeAhead, ForgetPrefix, NewRequest
 from omnivoice.models.dummy import DummySource
-from omnivoice.models.grammars import grammar_error
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.models.tool_calls import call_grammar
 from omnivoice.runners.start_steps import StartSteps
@@ -89,6 +89,14 @@ class Engine(Dispatch):
         # what a device fault in a stage of this process does: end the process (device_fault.exit_soon)
         self.on_device_fault: Callable[[str], None] = exit_soon
         self.info = model_info(profile, model.spec, model.builder)
+        t = profile.stages.thinker
+        self._grammars = GrammarVetter(
+            model.tokenizer if isinstance(model.source, Path) else None,
+            tuple(model.spec.thinker_eos_ids),
+            t.grammar_timeout_s,
+            t.grammar_memory_mb,
+            t.grammar_cache_entries,
+        )
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -156,17 +164,20 @@ class Engine(Dispatch):
         return self._builder.log_mel
 
     def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
-        return self._builder.build(messages, self.profile.model.system_prompt, tools)
+        return self._builder.build(
+            messages, self.profile.model.system_prompt, tools, self.info.max_prompt_tokens
+        )
 
     def check_grammar(self, grammar: Grammar) -> None:
-        error = grammar_error(grammar)
+        error = self._grammars.check(grammar)
         if error is not None:
             raise ValueError(error)
 
     def check_tools(self, tools: Tools) -> None:
         grammar = call_grammar(tools)
-        if grammar is not None:
-            self.check_grammar(grammar)
+        error = self._grammars.check_functions(tools, grammar) if grammar is not None else None
+        if error is not None:
+            raise ValueError(error)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         if self._closed:
@@ -295,6 +306,7 @@ class Engine(Dispatch):
         if self._closed:
             return
         self._closed = True
+        self._grammars.close()
         self._supervisor.hold()
         for rid in list(self._requests):
             self._abort(rid)

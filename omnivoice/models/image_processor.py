@@ -111,6 +111,25 @@ def image_patches(rgb: np.ndarray, s: ImageSettings) -> tuple[np.ndarray, tuple[
     return np.ascontiguousarray(blocks.reshape(gh * gw, 3 * t * p * p), dtype=np.float32), (1, gh, gw)
 
 
+def decode_rgb(data: bytes) -> np.ndarray:
+    """An encoded image (PNG, JPEG, WebP) -> RGB pixels [H, W, 3] uint8; ImageError if unreadable."""
+    import io
+
+    from PIL import Image  # lazily: prompts without images never need it
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    except (Image.DecompressionBombError, OSError, SyntaxError, ValueError):
+        raise ImageError("the image data cannot be decoded") from None
+
+
+def tokens_for_size(height: int, width: int, s: ImageSettings) -> int:
+    """Placeholder tokens of an image of `height` x `width` pixels, from its size alone."""
+    h, w = target_size(height, width, s)
+    return (h // s.patch_size) * (w // s.patch_size) // (s.merge_size**2)
+
+
 def image_token_count(grid: tuple[int, int, int], s: ImageSettings) -> int:
     """Placeholder tokens of an image of patch grid `grid`: one per merge_size x merge_size block."""
     return grid[0] * grid[1] * grid[2] // (s.merge_size**2)

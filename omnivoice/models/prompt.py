@@ -33,9 +33,16 @@ import torch
 from transformers import PreTrainedTokenizerBase, WhisperFeatureExtractor
 
 from omnivoice.audio.log_mel import LogMel
-from omnivoice.models.image_processor import ImageError, ImageSettings, image_patches, image_token_count
+from omnivoice.models.image_processor import (
+    ImageError,
+    ImageSettings,
+    decode_rgb,
+    image_patches,
+    image_token_count,
+    tokens_for_size,
+)
 from omnivoice.models.loader import ModelSpec
-from omnivoice.types import AudioPart, ChatMessage, FunctionSpec, ImagePart, Prompt, TextPart
+from omnivoice.types import AudioPart, ChatMessage, FunctionSpec, ImagePart, Prompt, PromptTooLong, TextPart
 
 ROLES = ("system", "user", "assistant", "tool")
 TOOLS_HEAD = (
@@ -100,11 +107,13 @@ class PromptBuilder:
         messages: Sequence[ChatMessage],
         default_system: str | None = None,
         tools: Sequence[FunctionSpec] = (),
+        max_tokens: int | None = None,
     ) -> Prompt:
         """Tokenize `messages`, offering the model `tools`, and end with the assistant generation prompt.
 
         `default_system` is prepended as a system turn when the first message is not one.
-        Raises PromptError on invalid input.
+        Raises PromptError on invalid input, PromptTooLong when the images' placeholder tokens alone
+        (counted from their sizes, before any is decoded) exceed `max_tokens`.
         """
         if not messages:
             raise PromptError("no messages to build a prompt from")
@@ -112,6 +121,7 @@ class PromptBuilder:
             messages = [ChatMessage(role="system", parts=(TextPart(default_system),)), *messages]
         for index, message in enumerate(messages):
             self._check_message(index, message)
+        self._check_image_tokens(messages, max_tokens)
         pieces: list[str | int] = []  # text to encode, or an already-known token id
         features: list[np.ndarray] = []
         images: list[tuple[np.ndarray, tuple[int, int, int]]] = []
@@ -172,13 +182,31 @@ class PromptBuilder:
         if settings is None or spec.image_pad_id is None or spec.vision_start_id is None:
             raise PromptError(f"message {index}: the served model takes no images")
         assert spec.vision_end_id is not None
-        try:
-            patches, grid = image_patches(part.rgb, settings)
+        try:  # an encoded image is decoded here, its pixels dropped once patched
+            rgb = part.rgb if part.rgb is not None else decode_rgb(part.data)
+            patches, grid = image_patches(rgb, settings)
+            del rgb
         except ImageError as e:
             raise PromptError(f"message {index}: {e}") from None
         images.append((patches, grid))
         count = image_token_count(grid, settings)
         return [spec.vision_start_id, *[spec.image_pad_id] * count, spec.vision_end_id]
+
+    def _check_image_tokens(self, messages: Sequence[ChatMessage], max_tokens: int | None) -> None:
+        """PromptTooLong if the images' placeholder tokens, from their sizes, exceed `max_tokens`."""
+        parts = [p for m in messages for p in m.parts if isinstance(p, ImagePart)]
+        if max_tokens is None or self._image_settings is None or not parts:
+            return
+        total = 0
+        for part in parts:
+            try:
+                total += tokens_for_size(*part.shape, self._image_settings)
+            except ImageError as e:
+                raise PromptError(str(e)) from None
+        if total > max_tokens:
+            raise PromptTooLong(
+                f"the images alone take {total} tokens of the prompt; the model's context is {max_tokens}"
+            )
 
     def _assistant(self, message: ChatMessage, think: bool, last: bool) -> list[str | int]:
         """An assistant turn as the template writes it: a reasoning block only after the last query

@@ -34,6 +34,7 @@ from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_fl
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.listener import server_config
+from omnivoice.server.memory_trim import MemoryTrimmer
 from omnivoice.server.metrics import Metrics
 from omnivoice.server.page import page_routes
 from omnivoice.server.realtime.client_secrets import create_client_secret
@@ -76,13 +77,17 @@ def create_app(
     realtime = Sessions(profile, lifecycle, admission, auth.limits)
     calls = Calls(realtime, connect_timeout_s=profile.realtime.webrtc_connect_timeout_s, drain=drain)
 
+    trimmer = MemoryTrimmer(profile.server.memory_trim_interval_s)
+
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         lifecycle.start()
         app.state.metrics.loop_lag.start()
+        trimmer.start()
         try:
             yield
         finally:
+            await trimmer.close()
             try:
                 await calls.close()  # WebRTC calls are no HTTP connections: uvicorn does not end them
             finally:
@@ -116,6 +121,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.profile = profile
+    app.state.memory_trimmer = trimmer
     app.state.created = int(time.time())
     app.state.lifecycle = lifecycle
     app.state.drain = drain

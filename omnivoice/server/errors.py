@@ -7,6 +7,7 @@ turn it, Starlette's routing errors (404/405) and unexpected exceptions into tha
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -15,9 +16,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from omnivoice.server.json_bounds import JsonBounds
+
 log = logging.getLogger(__name__)
 
 CLIENT_CLOSED_REQUEST = 499  # the access log's status for a request whose client left mid-body
+
+
+_INLINE_BYTES = 1 << 20  # bodies larger than this are parsed in a worker thread
 
 
 class APIError(Exception):
@@ -113,8 +119,11 @@ def service_unavailable(message: str) -> APIError:
     )
 
 
-async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The request's JSON object body, enforcing content type and size before parsing."""
+async def read_json_object(
+    request: Request, max_bytes: int, bounds: JsonBounds | None = None
+) -> dict[str, Any]:
+    """The request's JSON object body, enforcing content type and size (and the values and nesting
+    `bounds` allow: 413 past them) before parsing; a large body is parsed in a worker thread."""
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):
         raise bad_request(
@@ -128,13 +137,23 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
         body += chunk
         if len(body) > max_bytes:
             raise payload_too_large(max_bytes)
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise bad_request(f"could not parse the JSON body of the request: {e}", code="invalid_json") from None
+    why = bounds.size_error(body) if bounds is not None else None
+    if why is not None:
+        raise APIError(413, f"the request body is too complex: {why}", code="json_too_complex")
+    data = await asyncio.to_thread(_parse, body) if len(body) > _INLINE_BYTES else _parse(body)
+    why = bounds.depth_error(data) if bounds is not None else None
+    if why is not None:
+        raise APIError(413, f"the request body is too complex: {why}", code="json_too_complex")
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
     return data
+
+
+def _parse(body: bytes | bytearray) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad_request(f"could not parse the JSON body of the request: {e}", code="invalid_json") from None
 
 
 async def _api_error_handler(request: Request, exc: Exception) -> Response:

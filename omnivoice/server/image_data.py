@@ -1,8 +1,10 @@
-"""Images of chat and realtime content parts: base64 data URLs (PNG, JPEG, WebP) decoded to RGB pixels.
+"""Images of chat and realtime content parts: base64 data URLs (PNG, JPEG, WebP) read to their
+encoded bytes and the size their header gives.
 
-The server fetches nothing: a remote URL is refused. The image's size is read from its header and
-checked against the limit before its pixels are decoded, so a small file that would expand to a huge
-image costs nothing.
+The server fetches nothing: a remote URL is refused. Nothing is decoded here: the size is checked
+against the limit, and requests and sessions hold the encoded bytes (small for a solid image that
+would expand to hundreds of megabytes); the prompt builder decodes each image, one at a time, once
+the tokens its size makes are known to fit.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import base64
 import binascii
 import io
 
-import numpy as np
+from omnivoice.types import ImagePart
 
 FORMATS = {"image/png": "PNG", "image/jpeg": "JPEG", "image/jpg": "JPEG", "image/webp": "WEBP"}
 
@@ -20,8 +22,8 @@ class ImageDecodeError(ValueError):
     """The image URL is not a supported data URL, or its data is not a readable image."""
 
 
-def decode_image_url(url: str, max_pixels: int) -> np.ndarray:
-    """`data:image/png;base64,...` (or jpeg, webp) -> RGB pixels [H, W, 3] uint8."""
+def read_image_url(url: str, max_pixels: int) -> ImagePart:
+    """`data:image/png;base64,...` (or jpeg, webp) -> its encoded bytes and size (header only)."""
     if not url.startswith("data:"):
         scheme = url.split(":", 1)[0] if ":" in url else "a bare"
         raise ImageDecodeError(
@@ -51,8 +53,9 @@ def decode_image_url(url: str, max_pixels: int) -> np.ndarray:
                 raise ImageDecodeError(
                     f"the image is {width}x{height} pixels; the limit is {max_pixels} pixels"
                 )
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+            img.verify()  # the file's structure (chunk checksums), without decoding its pixels
     except unreadable as e:
         if isinstance(e, ImageDecodeError):
             raise
         raise ImageDecodeError(f"the data is not a readable {mime} image") from None
+    return ImagePart(data=raw, width=width, height=height)

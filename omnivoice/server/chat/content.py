@@ -1,6 +1,7 @@
 """The content parts of a chat message (text, audio as `input_audio` or a WAV data URL, images as
 `image_url` data URLs), and their conversion to engine parts: audio decoded and checked against the
-server's length limit, images decoded and checked against its pixel limit."""
+server's length limit, images read (their header only: never decoded here) and checked against its
+pixel limit."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnivoice.audio import AudioDecodeError, decode_base64_audio
 from omnivoice.server.errors import bad_request
-from omnivoice.server.image_data import ImageDecodeError, decode_image_url
+from omnivoice.server.image_data import ImageDecodeError, read_image_url
 from omnivoice.types import AudioPart, ImagePart, TextPart
 
 
@@ -86,9 +87,9 @@ def engine_part(
 
 
 def image_part(url: str, where: str, max_pixels: int) -> ImagePart:
-    """An image URL decoded to an engine part; a 400 naming `where` if it cannot be."""
+    """An image URL read to an engine part (encoded); a 400 naming `where` if it cannot be."""
     try:
-        return ImagePart(decode_image_url(url, max_pixels))
+        return read_image_url(url, max_pixels)
     except ImageDecodeError as e:
         raise bad_request(f"{where}: {e}", param=where, code="invalid_image") from None
 

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -33,6 +34,7 @@ from omnivoice.server.chat.schema import (
     to_engine_messages,
 )
 from omnivoice.server.chat.sse import DONE, EventStreamResponse, sse_event
+from omnivoice.server.chat.tools import tool_texts
 from omnivoice.server.errors import (
     APIError,
     bad_request,
@@ -41,9 +43,13 @@ from omnivoice.server.errors import (
     server_overloaded,
     shutting_down,
 )
+from omnivoice.server.json_bounds import JsonBounds
 from omnivoice.types import (
+    ChatMessage,
     GenerationRequest,
+    ImagePart,
     Prompt,
+    PromptTooLong,
     Sampling,
     text_exceeds,
 )
@@ -108,7 +114,10 @@ def _refused(e: APIError) -> str:
 async def _prepare(
     request: Request, engine: EngineAPI, profile: Profile
 ) -> tuple[ChatRequest, GenerationRequest, Turn]:
-    body = await read_json_object(request, profile.server.max_body_bytes)
+    s = profile.server
+    body = await read_json_object(
+        request, s.max_body_bytes, JsonBounds(s.max_json_elements, s.max_json_depth)
+    )
     # Validating, decoding audio and tokenizing are CPU work, in proportion to what the client sent:
     # all of it runs off the event loop, so one large request never stalls the others.
     req, prompt, voice = await asyncio.to_thread(_request_and_prompt, body, engine, profile)
@@ -158,11 +167,16 @@ def _request_and_prompt(
             raise bad_request(message, param="response_format", code="invalid_schema") from None
     texts = prompt_texts(req)
     if text_exceeds(texts, info.max_prompt_chars):
+        part = (
+            "tools" if text_exceeds(tool_texts(req.offered_tools, []), info.max_prompt_chars) else "messages"
+        )
         raise context_length_exceeded(
-            f"the messages hold {sum(map(len, texts))} characters of text, more than a prompt of "
-            f"{info.max_prompt_tokens} tokens can hold"
+            f"the {part} hold {sum(map(len, texts))} characters of text, more than a prompt of "
+            f"{info.max_prompt_tokens} tokens can hold",
+            part,
         )
     messages = to_engine_messages(req, profile.server.max_audio_seconds, profile.server.max_image_pixels)
+    check_image_budget(messages, profile.server.max_request_image_pixels)
     tools = req.offered_tools
     if tools is not None:
         try:
@@ -172,17 +186,46 @@ def _request_and_prompt(
             raise bad_request(message, param="tools", code="invalid_schema") from None
     try:
         prompt = engine.build_prompt(messages, tools.functions if tools else ())
+    except PromptTooLong as e:  # known from the images' sizes, before any was decoded
+        raise context_length_exceeded(str(e)) from None
     except ValueError as e:  # the engine's PromptError: a user-facing message
         raise bad_request(str(e), param="messages") from None
     if len(prompt.input_ids) > info.max_prompt_tokens:
         message = f"the prompt has {len(prompt.input_ids)} tokens; the limit is {info.max_prompt_tokens}"
-        raise context_length_exceeded(message)
+        raise context_length_exceeded(message, _too_long_part(engine, messages, tools is not None))
     return req, prompt, voice
+
+
+def _too_long_part(engine: EngineAPI, messages: Sequence[ChatMessage], tools: bool) -> str:
+    """The part that makes a prompt too long: "tools" when the messages alone would fit."""
+    if not tools:
+        return "messages"
+    try:
+        alone = engine.build_prompt(messages)
+    except ValueError:
+        return "messages"
+    return "tools" if len(alone.input_ids) <= engine.info.max_prompt_tokens else "messages"
+
+
+def check_image_budget(messages: Sequence[ChatMessage], max_pixels: int) -> None:
+    """A 400 when the request's images hold more than `max_pixels` pixels in all (from their headers)."""
+    total = sum(p.shape[0] * p.shape[1] for m in messages for p in m.parts if isinstance(p, ImagePart))
+    if total > max_pixels:
+        message = (
+            f"the request's images hold {total} pixels in all; the limit is {max_pixels} "
+            "(server.max_request_image_pixels)"
+        )
+        raise bad_request(message, param="messages", code="image_budget_exceeded")
 
 
 def _thinker_sampling(req: ChatRequest, profile: Profile) -> Sampling:
     d = profile.stages.thinker.sampling
     max_tokens = req.max_text_tokens or d.max_tokens
+    context = profile.stages.thinker.max_seq_len
+    if max_tokens > context:  # (a prompt and its answer share the thinker's context)
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        message = f"{param} is {max_tokens}; the model's context is {context} tokens"
+        raise bad_request(message, param=param, code="invalid_value")
     min_tokens = max_tokens if req.ignore_eos else (req.min_tokens or 0)
     if min_tokens > max_tokens:
         raise bad_request(f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})", param="min_tokens")

@@ -212,8 +212,9 @@ def check_room(body: dict[str, Any], max_tokens: int) -> None:
         )
 
 
-def context_length_exceeded(message: str) -> APIError:
-    return bad_request(message, param="messages", code="context_length_exceeded")
+def context_length_exceeded(message: str, param: str = "messages") -> APIError:
+    """A 400 for a prompt too long for the model, naming the part that makes it so."""
+    return bad_request(message, param=param, code="context_length_exceeded")
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import bad_request, read_json_object
+from omnivoice.server.json_bounds import JsonBounds
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.server_events import session_object
 from omnivoice.server.session.session_config import SessionPatch, SessionSettings, SettingsError, apply_patch
@@ -41,7 +42,10 @@ async def create_client_secret(request: Request) -> Response:
     """`POST /v1/realtime/client_secrets {expires_after?: {anchor, seconds}, session?}` ->
     `{value: "ek_...", expires_at, session}`; the session settings are checked now, not at use."""
     state = request.app.state
-    body = await read_json_object(request, state.profile.server.max_body_bytes)
+    s = state.profile.server
+    body = await read_json_object(
+        request, s.max_body_bytes, JsonBounds(s.max_json_elements, s.max_json_depth)
+    )
     try:
         req = ClientSecretRequest.model_validate(body)
     except ValidationError as e:

@@ -88,6 +88,8 @@ async def _read_loop(websocket: WebSocket, session: Session, idle_timeout_s: flo
         if data is None:
             data = message.get("bytes") or b""
         await session.handle(data)
+        # events the client queued are received without suspending: let the other clients in between
+        await asyncio.sleep(0)
 
 
 def _refusal(e: SessionRefused) -> Event:

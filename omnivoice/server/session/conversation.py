@@ -1,7 +1,8 @@
 """The conversation of one session: ordered items, and the chat history they feed the thinker.
 
 User audio is kept as 16 kHz float32 PCM and replayed to the thinker as audio on every turn, with
-its log-mel features, computed once (`prompting.featurize`), a user image as its decoded pixels;
+its log-mel features, computed once (`prompting.featurize`), a user image as its encoded file (decoded
+only while a prompt is built);
 assistant turns are replayed as their (possibly truncated) transcript. A `function_call` item is a
 call the model made (or the client added), a `function_call_output` item the result the client
 sends back for it.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -35,7 +37,7 @@ class Content:
     transcript: str | None = None
     features: np.ndarray | None = None  # input_audio: its log-mel features, once computed
     stream: LogMelStream | None = None  # input_audio spoken: its features computed while it was spoken
-    image: np.ndarray | None = None  # input_image: RGB [H, W, 3] uint8
+    image: ImagePart | None = None  # input_image: the encoded file and its size
     image_url: str | None = None  # input_image: the data URL as sent (shown by item.retrieve only)
     detail: str | None = None
 
@@ -81,7 +83,7 @@ class Item:
         parts: list[TextPart | AudioPart | ImagePart] = []
         for c in self.content:
             if c.type == "input_image" and c.image is not None:
-                parts.append(ImagePart(c.image))
+                parts.append(c.image)
             elif c.type == "input_audio" and c.audio is not None and c.audio.size:
                 parts.append(AudioPart(c.audio, INPUT_RATE, c.features))
             elif c.type == "input_audio" and c.transcript:
@@ -91,16 +93,31 @@ class Item:
         return ChatMessage(self.role, tuple(parts)) if parts else None
 
     @property
+    def image_pixels(self) -> int:
+        """Pixels of its input images (width x height each)."""
+        return sum(c.image.shape[0] * c.image.shape[1] for c in self.content if c.image is not None)
+
+    @property
     def audio_seconds(self) -> float:
         return sum(c.audio.size for c in self.content if c.audio is not None) / INPUT_RATE
 
 
-class Conversation:
-    """Items in order, by id."""
+class ConversationFull(ValueError):
+    """The conversation holds its most items; the client must delete some before adding more."""
 
-    def __init__(self) -> None:
+
+class Conversation:
+    """Items in order, by id; at most `max_items` of them (None: no limit).
+
+    Past the limit an item the client adds is refused (`insert(strict=True)`: ConversationFull), while
+    one the server adds (a turn, a response) makes room by dropping the oldest item, whose id is
+    handed to `on_evict` (the session tells the client)."""
+
+    def __init__(self, max_items: int | None = None, on_evict: Callable[[str], None] | None = None) -> None:
         self.items: list[Item] = []
         self.featurizing = asyncio.Lock()  # held while its audio's features are computed
+        self.max_items = max_items
+        self._on_evict = on_evict
 
     def get(self, item_id: str) -> Item | None:
         return next((i for i in self.items if i.id == item_id), None)
@@ -108,13 +125,19 @@ class Conversation:
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
 
-    def insert(self, item: Item, previous_item_id: str | None = None) -> str | None:
+    def insert(self, item: Item, previous_item_id: str | None = None, strict: bool = False) -> str | None:
         """Insert after `previous_item_id` ("root" for the start), else at the end; returns the previous id.
 
-        Raises KeyError when `previous_item_id` names no item, ValueError when `item.id` is taken.
+        Raises KeyError when `previous_item_id` names no item, ValueError when `item.id` is taken,
+        ConversationFull when `strict` and the conversation holds `max_items` (without `strict` the
+        oldest items are dropped to make room).
         """
         if self.get(item.id) is not None:
             raise ValueError(item.id)
+        if self.max_items is not None and len(self.items) >= self.max_items:
+            if strict:
+                raise ConversationFull(f"the conversation holds its limit of {self.max_items} items")
+            self._evict(len(self.items) - self.max_items + 1)
         if previous_item_id is None:
             prev = self.last_id()
             self.items.append(item)
@@ -127,6 +150,18 @@ class Conversation:
             raise KeyError(previous_item_id)
         self.items.insert(index + 1, item)
         return previous_item_id
+
+    def _evict(self, count: int) -> None:
+        gone, self.items = self.items[:count], self.items[count:]
+        for old in gone:
+            if self._on_evict is not None:
+                self._on_evict(old.id)
+
+    def snapshot(self) -> Conversation:
+        """A copy of the item list (the items themselves are shared), to read off the event loop."""
+        out = Conversation()
+        out.items = list(self.items)
+        return out
 
     def extended(self, item: Item) -> Conversation:
         """A copy with `item` appended (the items themselves are shared); this one is unchanged."""

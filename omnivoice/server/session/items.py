@@ -18,9 +18,16 @@ import soxr
 
 from omnivoice.audio.formats import AudioFormat
 from omnivoice.audio.wav import AudioDecodeError
-from omnivoice.server.image_data import ImageDecodeError, decode_image_url
+from omnivoice.server.image_data import ImageDecodeError, read_image_url
 from omnivoice.server.session import protocol as p
-from omnivoice.server.session.conversation import INPUT_RATE, Content, Conversation, Item, new_id
+from omnivoice.server.session.conversation import (
+    INPUT_RATE,
+    Content,
+    Conversation,
+    ConversationFull,
+    Item,
+    new_id,
+)
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.tools import FUNCTION_NAME
 from omnivoice.types import ModelInfo, text_exceeds
@@ -54,17 +61,29 @@ async def create(
     info: ModelInfo,
     input_format: AudioFormat,
     max_audio_s: float,
-    max_image_pixels: int,
+    image_pixels: tuple[int, int],
 ) -> None:
-    """Add the client's item; its audio is in `input_format`, at most `max_audio_s` long, its images
-    of at most `max_image_pixels`."""
+    """Add the client's item; its audio is in `input_format`, at most `max_audio_s` long; its images
+    of at most `image_pixels[0]` pixels each, the conversation's of at most `image_pixels[1]` in all.
+    The conversation holds at most its `max_items` (conversation_full past it)."""
     it = e.item
+    full = conversation.max_items is not None and len(conversation.items) >= conversation.max_items
+    if full:  # refused before its content is decoded
+        message = f"the conversation holds its limit of {conversation.max_items} items; delete some first"
+        raise p.ProtocolError(message, "conversation_full", "item", e.event_id)
     if it.type != "message":
         item = function_item(e, conversation, info)
     else:
-        item = await _message(e, info, input_format, max_audio_s, max_image_pixels)
+        item = await _message(e, info, input_format, max_audio_s, image_pixels[0])
+    held = sum(i.image_pixels for i in conversation.items)
+    if item.image_pixels and held + item.image_pixels > image_pixels[1]:
+        message = (
+            f"the conversation's images would hold {held + item.image_pixels} pixels; the limit is "
+            f"{image_pixels[1]} (realtime.max_session_image_pixels): delete some image items first"
+        )
+        raise p.ProtocolError(message, "image_budget_exceeded", "item.content", e.event_id)
     try:
-        prev = conversation.insert(item, e.previous_item_id)
+        prev = conversation.insert(item, e.previous_item_id, strict=True)
     except KeyError:
         raise p.ProtocolError(
             f"previous_item_id {e.previous_item_id!r} does not exist",
@@ -72,6 +91,8 @@ async def create(
             "previous_item_id",
             e.event_id,
         ) from None
+    except ConversationFull as err:
+        raise p.ProtocolError(str(err), "conversation_full", "item", e.event_id) from None
     except ValueError:
         raise p.ProtocolError(
             f"an item with id {item.id!r} already exists", "invalid_value", "item.id", e.event_id
@@ -201,11 +222,11 @@ async def _image(c: p.ContentParam, max_pixels: int, param: str, event_id: str |
             f"{param}.image_url",
             event_id,
         )
-    try:  # decoding is CPU work in proportion to the image: off the loop
-        pixels = await asyncio.to_thread(decode_image_url, c.image_url, max_pixels)
+    try:  # base64 and the header's checksums are CPU work in proportion to the file: off the loop
+        image = await asyncio.to_thread(read_image_url, c.image_url, max_pixels)
     except ImageDecodeError as err:
         raise p.ProtocolError(str(err), "invalid_value", f"{param}.image_url", event_id) from None
-    return Content("input_image", image=pixels, image_url=c.image_url, detail=c.detail)
+    return Content("input_image", image=image, image_url=c.image_url, detail=c.detail)
 
 
 def _decode_audio(
@@ -243,6 +264,11 @@ def retrieved(item: Item, fmt: AudioFormat) -> dict[str, Any]:
     return wire
 
 
+def announce_deleted(outbox: Outbox, item_id: str) -> None:
+    """Tell the client an item left the conversation."""
+    outbox.put({"type": "conversation.item.deleted", "item_id": item_id})
+
+
 def delete(e: p.ItemDelete, conversation: Conversation, outbox: Outbox, generating: list[Item]) -> None:
     """Delete the item, unless it is one the in-flight response is `generating`."""
     item = find(conversation, e.item_id, e.event_id)
@@ -251,7 +277,7 @@ def delete(e: p.ItemDelete, conversation: Conversation, outbox: Outbox, generati
             "the item is being generated; cancel the response first", "invalid_value", "item_id", e.event_id
         )
     conversation.delete(item.id)
-    outbox.put({"type": "conversation.item.deleted", "item_id": item.id})
+    announce_deleted(outbox, item.id)
 
 
 def truncatable(e: p.ItemTruncate, conversation: Conversation) -> Item:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from omnivoice.server.json_bounds import JsonBounds
 from omnivoice.server.session.tools import FunctionToolParam, ToolChoiceParam
 from omnivoice.types import ModelInfo
 
@@ -175,11 +176,19 @@ EVENT_TYPES = (
 )
 
 
-def parse_client_event(text: str | bytes) -> ClientEvent:
+def parse_client_event(text: str | bytes, bounds: JsonBounds | None = None) -> ClientEvent:
+    """The client event `text` holds; ProtocolError if it is not one (or past `bounds`: checked before
+    it is parsed, so no event stalls the session's loop)."""
+    why = bounds.size_error(text) if bounds is not None else None
+    if why is not None:
+        raise ProtocolError(f"the event is too complex: {why}", "json_too_complex")
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:
         raise ProtocolError(f"the event is not valid JSON: {e}", "invalid_json") from None
+    why = bounds.depth_error(data) if bounds is not None else None
+    if why is not None:
+        raise ProtocolError(f"the event is too complex: {why}", "json_too_complex")
     if not isinstance(data, dict):
         raise ProtocolError("an event must be a JSON object", "invalid_json")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None

@@ -69,6 +69,11 @@ class Responder:
             on_done=self._done,
             early=speculation,
         )
+        if early is None and self.engine.failure:  # a stage died: the engine restarts (or is down)
+            code = "engine_restarting" if self.engine.restarting else "engine_failed"
+            log.info("session %s: response refused: %s", self.session_id, self.engine.failure)
+            response.refuse("server_error", code, f"the engine is unavailable: {self.engine.failure}")
+            return
         try:
             if early is None:
                 self._slot = self._admission.acquire()

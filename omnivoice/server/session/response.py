@@ -123,6 +123,13 @@ class Response:
             self._fail("server_error", "engine_unavailable", str(e))
             self._outbox.put(error(str(e), "engine_unavailable", type_="server_error"))
         except Exception as e:
+            failure = self._engine.failure
+            if failure:  # a stage died meanwhile: the engine's refusal, not a fault of this server's
+                code = "engine_restarting" if self._engine.restarting else "engine_failed"
+                log.info("session %s: response %s failed: %s", self.session_id, self.id, failure)
+                self._fail("server_error", code, f"the engine is unavailable: {failure}")
+                self._outbox.put(error(f"the engine is unavailable: {failure}", code, type_="server_error"))
+                return
             log.exception("session %s: response %s failed", self.session_id, self.id)
             self._fail("server_error", "internal_error", f"the response failed: {type(e).__name__}")
         finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
+from omnivoice.server.json_bounds import JsonBounds
 from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
@@ -73,7 +75,8 @@ class Session:
         self.settings = SessionSettings(
             voice=info.default_voice, speculative_response=profile.realtime.speculative_response
         )
-        self.conversation = Conversation()
+        evicted = partial(items.announce_deleted, outbox)  # (not a method: no cycle through the session)
+        self.conversation = Conversation(profile.realtime.max_conversation_items, evicted)
         # a committed buffer becomes one audio part, which may not exceed the server's audio limit
         buffer_s = min(profile.realtime.max_buffer_seconds, profile.server.max_audio_seconds)
         self.turns = Turns(
@@ -94,6 +97,7 @@ class Session:
         self._warm_task: asyncio.Task[None] | None = None
         stats = speculation if speculation is not None else SpeculationStats()
         self._speculator = Speculator(session_id, engine, admission, stats)  # the response started early
+        self._json_bounds = JsonBounds(profile.server.max_json_elements, profile.server.max_json_depth)
         self._closed = False
 
     @property
@@ -136,7 +140,7 @@ class Session:
             self.outbox.put(error(message, "event_too_large"))
             return
         try:
-            event = p.parse_client_event(text)
+            event = p.parse_client_event(text, self._json_bounds)
             event_id = event.event_id
             await self._dispatch(event)
         except p.ProtocolError as e:
@@ -183,7 +187,7 @@ class Session:
         generating = self.response.outputs if self.response is not None else []
         if isinstance(e, p.ItemCreate):
             info, max_s = self.engine.info, self.turns.max_seconds
-            pixels = self.profile.server.max_image_pixels
+            pixels = self.profile.server.max_image_pixels, self.profile.realtime.max_session_image_pixels
             await items.create(e, conversation, self.outbox, info, fmt, max_s, pixels)
         elif isinstance(e, p.ItemRetrieve):
             item = items.find(conversation, e.item_id, e.event_id)
