@@ -39,7 +39,7 @@ class StartProgress:
         """The seconds each step of the last start took, and the whole start: what this one expects."""
         with self._lock:
             self._expected = dict(times)
-            self._expected_total = max(total_s, sum(times.values()))
+            self._expected_total = max(total_s, _critical_path(times))
         if times:
             log.info("start: expected to take %.0f s (the last start's time)", self._expected_total)
         else:
@@ -113,11 +113,24 @@ class StartProgress:
         if total <= 0:
             return 0.0, None
         now = self._clock()
-        left = 0.0
+        left: dict[str, float] = {}
         for name, expected in self._expected.items():
             if name in self._done:
                 continue
             began = self._running.get(name)
-            left += max(0.0, expected - (now - began)) if began is not None else expected
-        left = max(left, total - (now - self._began))
-        return left, min(1.0, max(0.0, 1.0 - left / total))
+            left[name] = max(0.0, expected - (now - began)) if began is not None else expected
+        left_s = max(_critical_path(left), total - (now - self._began))
+        return left_s, min(1.0, max(0.0, 1.0 - left_s / total))
+
+
+def _critical_path(times: dict[str, float]) -> float:
+    """Seconds of steps named `<worker> <step>`: a worker's steps one after another, the stage workers
+    side by side (each stage process builds its own runner), the engine's own steps before and after
+    them."""
+    lanes: dict[str, float] = {}
+    for name, seconds in times.items():
+        worker = name.split(" ", 1)[0]
+        lanes[worker] = lanes.get(worker, 0.0) + seconds
+    engine = sum(v for k, v in lanes.items() if k.startswith("engine"))
+    stages = [v for k, v in lanes.items() if not k.startswith("engine")]
+    return engine + max(stages, default=0.0)

@@ -73,6 +73,32 @@ def test_a_start_with_a_last_start_says_what_remains(caplog: pytest.LogCaptureFi
     assert progress.snapshot()["share_done"] == 1.0 and progress.snapshot()["remaining_s"] == 0.0
 
 
+def test_stage_processes_build_side_by_side_so_their_steps_do_not_add_up() -> None:
+    """Each stage worker's steps run one after another, the workers side by side, the engine's own
+    steps before and after: the expected start is that path, not the sum of every step."""
+    clock = Clock()
+    progress = StartProgress(clock)
+    last = {
+        "engine#0 load model": 2.0,
+        "thinker#0 graphs": 30.0,
+        "talker#0 graphs": 25.0,
+        "talker#0 prefill compile": 20.0,
+        "code2wav#0 graphs": 40.0,
+        "engine#0 calibration": 4.0,
+    }
+    progress.expect(last, 0.0)  # no total kept: the path is all there is to go by
+    assert progress.snapshot()["expected_s"] == 2.0 + 45.0 + 4.0  # the talker's lane is the longest
+    clock.now += 2.0
+    progress.record(StartStep("engine", 0, "load model", 2.0))
+    for worker, step, took in [("thinker", "graphs", 30.0), ("code2wav", "graphs", 40.0)]:
+        progress.record(StartStep(worker, 0, step, took))
+    progress.record(StartStep("talker", 0, "graphs", 25.0))
+    progress.record(StartStep("talker", 0, "prefill compile"))
+    clock.now += 40.0  # 25 s of the talker's graphs, 15 s of its compile
+    # the talker's compile has 5 s left, then the calibration's 4 s
+    assert progress.snapshot()["remaining_s"] == 9.0
+
+
 def test_start_times_are_kept_per_key_and_an_unreadable_record_is_not_used(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
