@@ -103,6 +103,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.timeout(900)  # a Ray cluster and two starts of the stages: minutes on a busy 2-core machine
 async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
     tiny_checkpoint: Path, ray_cluster, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -191,7 +191,11 @@ async def test_omnivoice_serve_drains_on_sigterm_and_exits_0(tiny_checkpoint: Pa
                 assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down"
 
             done = (await rec.next("response.done", timeout=30)).response  # the response in flight ends
-            assert done.status in ("completed", "incomplete"), done.status_details
+            if done.status == "cancelled":  # a machine too busy to finish it within the window: cut
+                assert done.status_details is not None
+                assert done.status_details.reason == "server_shutting_down", done.status_details
+            else:
+                assert done.status in ("completed", "incomplete"), done.status_details
             assert (await rec.next("error", timeout=30)).error.code == "server_shutting_down"
             await asyncio.wait_for(rec._task, 30)
             assert conn._connection.close_code == 1001

@@ -120,8 +120,9 @@ class Response:
             self._outbox.put(error(str(e), "server_overloaded", type_="server_error"))
         except EngineUnavailable as e:  # refused at once: the stages stopped (restarting, or not)
             log.info("session %s: response %s refused: %s", self.session_id, self.id, e)
-            self._fail("server_error", "engine_unavailable", str(e))
-            self._outbox.put(error(str(e), "engine_unavailable", type_="server_error"))
+            code = "engine_restarting" if self._engine.restarting else "engine_failed"
+            self._fail("server_error", code, str(e))
+            self._outbox.put(error(str(e), code, type_="server_error"))
         except Exception as e:
             failure = self._engine.failure
             if failure:  # a stage died meanwhile: the engine's refusal, not a fault of this server's

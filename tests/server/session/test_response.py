@@ -63,9 +63,9 @@ async def test_a_response_while_the_engine_restarts_is_refused_and_the_session_s
         await conn.response.create()  # the same session, once the engine is back
         again = (await rec.next("response.done", timeout=10)).response
         await rec.close()
-    assert error.error.code == "engine_unavailable" and error.error.message == "the engine is restarting"
+    assert error.error.code == "engine_restarting" and "the engine is restarting" in error.error.message
     assert done.status == "failed" and done.status_details is not None
-    assert done.status_details.error is not None and done.status_details.error.code == "engine_unavailable"
+    assert done.status_details.error is not None and done.status_details.error.code == "engine_restarting"
     assert again.id != done.id and again.status == "failed"  # the script's own engine error, this time
     assert again.status_details is not None and again.status_details.error is not None
     assert again.status_details.error.code == "engine_error"
