@@ -410,6 +410,14 @@ class ServerConfig(_Strict):
         description="how often the server checks its resident memory and, grown by more than 32 MB since "
         "the last trim, returns the allocator's free pages to the system (malloc_trim); 0: never",
     )
+    audio_workers: int = Field(
+        2,
+        ge=0,
+        description="threads of the front door, which decodes, resamples and scores (Silero VAD, a "
+        "spoken turn's log-mel) the input audio of every realtime session: each takes all the appends "
+        "pending at once and scores them as one batch; 0: each append alone in its own worker-thread "
+        "call (the per-session path)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     send_timeout_s: float = Field(
         10.0,

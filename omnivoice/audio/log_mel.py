@@ -9,6 +9,10 @@ floored at 1e-10, then values below the clip's maximum minus 8 raised to it and 
 Frame k reads samples [k * hop - n_fft / 2, k * hop + n_fft / 2): once those have arrived (and lie
 before the clip's end) its log10 mel ("raw") value never changes, so a stream computes it then. Only
 the last step needs the whole clip: the floor at its maximum minus 8, which is cheap.
+
+`advance_streams` advances many streams at once: their new frames go through one FFT and one
+product with the mel filters together, so a tick of many sessions costs a few tensor operations, not
+a few per session.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 
 
 class LogMel:
@@ -67,6 +72,12 @@ class LogMel:
             padded[None], self.n_fft, self.hop, window=self.window, center=False, return_complex=True
         )
         return self._log_mel(stft)[0]
+
+    def raw_windows(self, frames: np.ndarray) -> torch.Tensor:
+        """log10 mel [n_mels, K] of K frames [K, n_fft], each the n_fft samples of a padded signal that
+        one frame reads (as `raw_frames` frames a signal itself)."""
+        spectrum = torch.fft.rfft(torch.from_numpy(frames) * self.window, dim=-1)  # [K, freq]
+        return self._log_mel(spectrum.T[None])[0]
 
     def _log_mel(self, stft: torch.Tensor) -> torch.Tensor:
         power = (stft.abs() ** 2).contiguous()  # [1, freq, frames]
@@ -126,13 +137,21 @@ class LogMelStream:
     def advance(self, safe: int) -> int:
         """Compute the frames that read only samples before `safe` (<= the audio received); returns the
         number of frames computed so far."""
+        piece = self.pending(safe)
+        if piece is not None:
+            self.take(self.log_mel.raw_frames(torch.from_numpy(np.ascontiguousarray(piece))))
+        return self.frames
+
+    def pending(self, safe: int) -> np.ndarray | None:
+        """The padded audio [(k - 1) * hop + n_fft] of the k frames `advance(safe)` would compute next,
+        for whoever computes them (`take` them back); None when there are none."""
         lm, half = self.log_mel, self.log_mel.n_fft // 2
         safe = min(safe, self._received)
         end = (
             (safe - half) // lm.hop + 1 if safe >= lm.min_samples else 0
         )  # frames k with k*hop + half <= safe
         if end <= self.frames:
-            return self.frames
+            return None
         x, base = self._samples(), self._base
         # frame k reads the left-padded signal at [k * hop, k * hop + n_fft); the left pad reflects x
         first = self.frames * lm.hop - half
@@ -140,17 +159,20 @@ class LogMelStream:
             piece = np.concatenate([x[1 : half + 1][::-1], x[:safe]])[self.frames * lm.hop :]
         else:
             piece = x[first - base : safe - base]
-        piece = piece[: (end - self.frames - 1) * lm.hop + lm.n_fft]
-        self._add(lm.raw_frames(torch.from_numpy(np.ascontiguousarray(piece))))
-        self._trim()
-        return self.frames
+        return piece[: (end - self.frames - 1) * lm.hop + lm.n_fft]
 
-    def _add(self, raw: torch.Tensor) -> None:
+    def take(self, raw: torch.Tensor, top: torch.Tensor | None = None) -> None:
+        """The log10 mel values [n_mels, k] (with their maximum `top`, if known) of the frames
+        `pending` gave the audio of: they are computed."""
+        self._add(raw, top)
+        self._trim()
+
+    def _add(self, raw: torch.Tensor, top: torch.Tensor | None = None) -> None:
         if raw.shape[1] == 0:
             return
         self._blocks.append(raw)
         self.frames += raw.shape[1]
-        top = raw.max()
+        top = raw.max() if top is None else top
         self._top = top if self._top is None else torch.maximum(self._top, top)
 
     def fork(self, samples: int) -> LogMelStream:
@@ -189,3 +211,25 @@ class LogMelStream:
             self._add(lm.raw_frames(torch.from_numpy(np.ascontiguousarray(piece))))
         raw = torch.cat(self._blocks, dim=1)[:, :total]
         return finish(raw)
+
+
+def advance_streams(work: list[tuple[LogMelStream, int]]) -> None:
+    """`stream.advance(safe)` for every (stream, safe) pair, the new frames of all the streams (of
+    each `LogMel`) computed together. The streams must be distinct."""
+    groups: dict[int, list[tuple[LogMelStream, np.ndarray]]] = {}
+    for stream, safe in work:
+        piece = stream.pending(safe)
+        if piece is not None:
+            lm = stream.log_mel
+            frames = sliding_window_view(piece, lm.n_fft)[:: lm.hop]  # [k, n_fft], views of the piece
+            groups.setdefault(id(lm), []).append((stream, frames))
+    for group in groups.values():
+        lm = group[0][0].log_mel
+        raw = lm.raw_windows(np.concatenate([frames for _, frames in group])).numpy()  # [n_mels, K]
+        tops = raw.max(axis=0)  # [K]
+        at = 0
+        for stream, frames in group:
+            k = frames.shape[0]
+            block = torch.from_numpy(np.ascontiguousarray(raw[:, at : at + k]))  # a copy: raw is freed
+            stream.take(block, torch.from_numpy(tops[at : at + k].max(keepdims=True))[0])
+            at += k

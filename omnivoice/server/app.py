@@ -21,6 +21,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from omnivoice.audio.front_door import FrontDoor
 from omnivoice.config import Profile
 from omnivoice.server import routes
 from omnivoice.server.auth.guard import Auth
@@ -74,7 +75,8 @@ def create_app(
     admission = Admission(profile.server.max_concurrent_requests, drain, lifecycle.capacity)
     own_hosts = [host or profile.server.host, urlsplit(profile.telephony.public_url or "").hostname or ""]
     auth = Auth(profile.auth, keys, own_hosts=own_hosts)
-    realtime = Sessions(profile, lifecycle, admission, auth.limits)
+    front_door = FrontDoor(profile.server.audio_workers)  # every session's input audio, batched
+    realtime = Sessions(profile, lifecycle, admission, auth.limits, front_door=front_door)
     calls = Calls(realtime, connect_timeout_s=profile.realtime.webrtc_connect_timeout_s, drain=drain)
 
     trimmer = MemoryTrimmer(profile.server.memory_trim_interval_s)
@@ -93,6 +95,7 @@ def create_app(
             finally:
                 await app.state.metrics.loop_lag.stop()
                 await realtime.judge.close()
+                await front_door.close()
                 await lifecycle.close()
 
     app = Starlette(

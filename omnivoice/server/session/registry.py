@@ -1,6 +1,6 @@
 """The app's realtime sessions (`app.state.realtime`, made by `create_app`): the open ones, bounded by
-realtime.max_sessions, the Silero VAD and the end-of-turn model they share, and the one way every
-transport opens one.
+realtime.max_sessions, the Silero VAD, the front door that scores their input audio and the
+end-of-turn model they share, and the one way every transport opens one.
 
 Opening is admission first (`Sessions.admit`): the engine must be up, the API key within its request
 rate (unless the auth middleware already counted the request) and its cap of open sessions, the
@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
+from omnivoice.audio.front_door import FrontDoor
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
@@ -51,8 +52,10 @@ class SessionRefused(Exception):
 
 class Sessions:
     """`lifecycle` gives the engine (`require()`), `admission` the slot each response takes, `limits`
-    the per-key limits; `vad` is loaded on first use unless given. `speculation` counts the sessions'
-    speculative responses; `judge` is semantic_vad's end-of-turn model, shared by them."""
+    the per-key limits; `vad` is loaded on first use unless given. `front_door` (the app's, which
+    closes it; default: one without threads, each append scored alone) converts and scores every
+    session's input audio. `speculation` counts the sessions' speculative responses; `judge` is semantic_vad's
+    end-of-turn model, shared by them."""
 
     def __init__(
         self,
@@ -61,6 +64,7 @@ class Sessions:
         admission: Admission,
         limits: KeyLimits,
         vad: SileroVad | None = None,
+        front_door: FrontDoor | None = None,
     ) -> None:
         self.profile = profile
         self.config = profile.realtime
@@ -71,6 +75,7 @@ class Sessions:
         self._reserved = 0
         self._vad = vad
         self._vad_lock = asyncio.Lock()
+        self.front_door = front_door if front_door is not None else FrontDoor(workers=0)
         self.speculation = SpeculationStats()
         self.judge = TurnJudge(threads=self.config.turn_model_threads)  # loaded once semantic_vad is used
 
@@ -158,6 +163,7 @@ class Ticket:
             admission=sessions.admission,
             speculation=sessions.speculation,
             judge=sessions.judge,
+            front_door=sessions.front_door,
         )
         self.session = session  # closed by `close` even if its settings are refused
         if settings:

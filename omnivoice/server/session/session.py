@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from omnivoice.audio.front_door import FrontDoor
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.vad import SileroVad
 from omnivoice.config import Profile
@@ -53,7 +54,9 @@ log = logging.getLogger(__name__)
 class Session:
     """`admission` gives each response its slot among the server's requests in flight; `speculation`
     counts the speculative responses and `judge` is the end-of-turn model of `semantic_vad` (the app's,
-    shared by its sessions; without one, a semantic_vad turn ends at its eagerness's ceiling)."""
+    shared by its sessions; without one, a semantic_vad turn ends at its eagerness's ceiling).
+    `front_door` scores the input audio (the app's, shared by its sessions; None: the session's own,
+    without worker threads)."""
 
     def __init__(
         self,
@@ -66,6 +69,7 @@ class Session:
         admission: Admission,
         speculation: SpeculationStats | None = None,
         judge: TurnJudge | None = None,
+        front_door: FrontDoor | None = None,
     ) -> None:
         self.id = session_id
         self.engine = engine
@@ -89,6 +93,7 @@ class Session:
             log_mel=engine.log_mel,
             window_frames=info.audio_window_frames,
             judge=judge,
+            front_door=front_door,
         )
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)

@@ -2,13 +2,14 @@
 items it commits.
 
 `input_audio_buffer.append` is decoded and resampled to 16 kHz (`decoder`), Twilio's G.711 likewise
-by the call, in the same worker thread as the VAD (`append`'s `convert`); WebRTC feeds its decoded
-audio straight to `append`. With server VAD on, `append` scores the audio (Silero, in a
-worker thread) and returns the turn detector's events in order; the session acts on each (a barge-in,
-a response) and reports it here (`speech_started`, `speech_stopped`), which sends the speech events
-and commits the spoken audio as a user item. At a pause in the speech, `spoken` gives the turn so far
-as the item it would commit, without committing it (a speculative response is prompted with it, and
-`speech_stopped` commits that same item if the turn ends there). Without VAD the client commits
+by the call, and WebRTC's decoded audio resampled (`append`'s `convert`), by the app's front door
+(audio/front_door.py), off the event loop. With server VAD on, `append` scores the audio (Silero,
+batched with the other sessions' appends by the front door) and returns the turn detector's events
+in order; the session acts on each (a barge-in, a response) and reports it here (`speech_started`,
+`speech_stopped`), which sends the speech events and commits the spoken audio as a user item. At a
+pause in the speech, `spoken` gives the turn so far as the item it would commit, without committing
+it (a speculative response is prompted with it, and `speech_stopped` commits that same item if the
+turn ends there). Without VAD the client commits
 (`commit`) or clears (`clear`) the buffer itself. `Turns` knows nothing of responses: the session
 decides what a turn does.
 
@@ -18,22 +19,24 @@ there (`end_turn`) instead of waiting for the eagerness's ceiling of silence. Th
 read one at a time (`append` returns them lazily), so the frames after a turn ended this way are read
 as what follows the turn: a new turn if the caller goes on.
 
-While a turn is spoken (server VAD), its log-mel features are computed as its audio arrives, in the
-same worker thread as the VAD, so the committed item's features need only their last frames; each
-whole audio-encoder window of them is put in `ahead` for the session to have encoded ahead.
+While a turn is spoken (server VAD), its log-mel features are computed as its audio arrives, by the
+front door with the VAD (batched across sessions), so the committed item's features need only their
+last frames; each whole audio-encoder window of them is put in `ahead` for the session to have
+encoded ahead.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from omnivoice.audio.front_door import FrontDoor, Scoring
 from omnivoice.audio.log_mel import LogMel, LogMelStream
 from omnivoice.audio.resample import StreamResampler
 from omnivoice.audio.turn_features import WINDOW_SAMPLES
@@ -56,7 +59,9 @@ class Turns:
     turn being spoken. Committed items go into `conversation`, events to `outbox`. `log_mel` (None:
     none) featurizes a turn while it is spoken; `window_frames` (0: none) is the audio encoder's
     window, whose whole windows of a turn's features go to `ahead`. `judge` (None: none) is the
-    end-of-turn model of `semantic_vad`; without it a semantic_vad turn ends at its ceiling."""
+    end-of-turn model of `semantic_vad`; without it a semantic_vad turn ends at its ceiling.
+    `front_door` (the app's, shared by its sessions; None: one of this session's own, without worker
+    threads) converts and scores the appended audio."""
 
     def __init__(
         self,
@@ -69,8 +74,10 @@ class Turns:
         log_mel: LogMel | None = None,
         window_frames: int = 0,
         judge: TurnJudge | None = None,
+        front_door: FrontDoor | None = None,
     ) -> None:
         self.settings = settings
+        self._front_door = front_door if front_door is not None else FrontDoor(workers=0)
         self._judge = judge
         self._pause_ms = pause_ms  # silence after speech that is a pause (TurnDetector)
         self.buffer = InputBuffer(max_samples)
@@ -136,9 +143,9 @@ class Turns:
         that); with server VAD, the turn detector's events in order, each computed as it is read
         (`end_turn` after one changes those after it).
 
-        Converting (base64, G.711, resampling), VAD and the spoken turn's log-mel run in one call of a
-        worker thread: the event loop serves every session meanwhile. The session handles its events
-        one at a time, so the buffer and the streams are the worker's while it runs."""
+        Converting (base64, G.711, resampling), VAD and the spoken turn's log-mel run as one job of
+        the front door, off the event loop, together with the other sessions' appends. The session
+        handles its events one at a time, so the buffer and the streams are the job's while it runs."""
         if self._detector is None and convert is None:
             self._buffer(audio, event_id)
             return iter(())
@@ -146,7 +153,8 @@ class Turns:
         if stream is not None and self._speech is not None and self._detector is not None:
             # the turn ends where the detector hears it end: never before the audio scored so far
             safe = self._detector.next_frame - self._speech[1]
-        probs, windows = await asyncio.to_thread(self._take, audio, convert, stream, safe, event_id)
+        job = _Append(self, audio, convert, stream, safe, event_id)
+        probs, windows = await self._front_door.score(job)
         self.ahead += windows
         if self._detector is None or not probs:
             return iter(())
@@ -158,20 +166,24 @@ class Turns:
                 return  # the turn detection changed while they were read (WebRTC): they are void
             yield event
 
-    def _take(
-        self,
-        audio: Any,
-        convert: Callable[[Any], np.ndarray] | None,
-        stream: LogMelStream | None,
-        safe: int,
-        event_id: str | None,
-    ) -> tuple[list[float], list[np.ndarray]]:
-        """(worker thread) Convert and buffer the audio; with server VAD, score it."""
-        pcm = convert(audio) if convert is not None else audio
-        self._buffer(pcm, event_id)
+    def _take(self, job: _Append) -> Scoring | None:
+        """(front door) Convert and buffer the audio; with server VAD, what to score of it."""
+        pcm = job.convert(job.audio) if job.convert is not None else job.audio
+        self._buffer(pcm, job.event_id)
         if self._detector is None or not pcm.size:
-            return [], []
-        return self._score(pcm, stream, safe)
+            return None
+        return Scoring(pcm, self._vad, job.stream, job.safe)
+
+    def _windows(self, stream: LogMelStream | None) -> list[np.ndarray]:
+        """(front door) The spoken turn's whole encoder windows completed since the last call."""
+        windows: list[np.ndarray] = []
+        if stream is None or not self._window:
+            return windows
+        while stream.frames >= (self._windows_out + 1) * self._window:
+            start = self._windows_out * self._window
+            windows.append(stream.features(start, start + self._window))
+            self._windows_out += 1
+        return windows
 
     def _buffer(self, pcm: np.ndarray, event_id: str | None) -> None:
         if self._detector is not None and not self._detector.speaking:
@@ -181,21 +193,6 @@ class Turns:
         except BufferFull:
             message = f"the input audio buffer is full ({self.max_seconds:g} s); commit or clear it"
             raise p.ProtocolError(message, "input_audio_buffer_full", "audio", event_id) from None
-
-    def _score(
-        self, pcm: np.ndarray, stream: LogMelStream | None, safe: int
-    ) -> tuple[list[float], list[np.ndarray]]:
-        """(worker thread) VAD over the new audio; the spoken turn's features as far as `safe`
-        samples into it, and its windows completed by them."""
-        windows: list[np.ndarray] = []
-        if stream is not None:
-            stream.extend(pcm)
-            stream.advance(safe)
-            while self._window and stream.frames >= (self._windows_out + 1) * self._window:
-                start = self._windows_out * self._window
-                windows.append(stream.features(start, start + self._window))
-                self._windows_out += 1
-        return self._vad.process(pcm), windows
 
     def _keep_while_idle(self) -> int:
         td = self.settings.turn_detection
@@ -316,6 +313,25 @@ class Turns:
         if self._detector is not None:
             self._detector.reset(self.buffer.end)
         self._outbox.put({"type": "input_audio_buffer.cleared"})
+
+
+@dataclass
+class _Append:
+    """One append as a front-door job (`Turns.append`): `stream` is the spoken turn's, to be advanced
+    to `safe` samples into it."""
+
+    turns: Turns
+    audio: Any
+    convert: Callable[[Any], np.ndarray] | None
+    stream: LogMelStream | None
+    safe: int
+    event_id: str | None
+
+    def take(self) -> Scoring | None:
+        return self.turns._take(self)
+
+    def finish(self, probs: list[float]) -> tuple[list[float], list[np.ndarray]]:
+        return probs, self.turns._windows(self.stream)
 
 
 def _user_item(item_id: str, audio: np.ndarray, stream: LogMelStream | None = None) -> Item:
