@@ -8,6 +8,8 @@ omnivoice bench encoder ...         (the audio encoder, per utterance vs batched
 omnivoice bench realtime ...        (spoken /v1/realtime sessions; options from omnivoice.bench.realtime_cli)
 omnivoice bench soak ...            (a long realtime run with barge-ins and abrupt disconnects, then a
                                      leak check; options from omnivoice.bench.soak_cli)
+omnivoice bench front-door ...      (the realtime front door alone: VAD, log-mel and decoding of N
+                                     sessions, batched or per session; omnivoice.bench.front_door_cli)
 omnivoice bench ab REV_A REV_B ...  (two git revisions served alternately, one workload, ratios B/A;
                                      options from omnivoice.bench.ab_cli)
 omnivoice profile check PATH
@@ -31,7 +33,11 @@ EXIT_USAGE = 2
 
 
 def build_parser(
-    with_bench: bool = False, with_realtime: bool = False, with_soak: bool = False, with_ab: bool = False
+    with_bench: bool = False,
+    with_realtime: bool = False,
+    with_soak: bool = False,
+    with_ab: bool = False,
+    with_front_door: bool = False,
 ) -> argparse.ArgumentParser:
     """The full parser; the options of `bench` (HTTP) and `bench realtime` are added only when asked for
     (their imports are lazy and need packages the engine alone does not)."""
@@ -123,6 +129,19 @@ def build_parser(
 
         add_realtime_arguments(realtime)
     realtime.set_defaults(func=_bench_realtime)
+    front_door = modes.add_parser(
+        "front-door",
+        help="the realtime front door alone: N sessions' appends decoded and scored (VAD, log-mel)",
+        description="N sessions send speech in 20 ms appends at real-time pace, decoded, resampled and "
+        "scored by the server's front door (no network, no engine): batched by its worker threads, or "
+        "each append alone with --per-session. Reports CPU seconds per audio second per session, each "
+        "append's lag behind real time and the turns heard; prints a table and writes JSON.",
+    )
+    if with_front_door:  # its module needs soxr, onnxruntime and torch
+        from omnivoice.bench.front_door_cli import add_arguments as add_front_door_arguments
+
+        add_front_door_arguments(front_door)
+    front_door.set_defaults(func=_bench_front_door)
     soak = modes.add_parser(
         "soak",
         help="a long realtime run (turns, barge-ins, abrupt disconnects), then a check that nothing leaked",
@@ -172,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["realtime"],
         ["soak"],
         ["ab"],
+        ["front-door"],
     )
     try:
         parser = build_parser(
@@ -179,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with_realtime=positional[:2] == ["bench", "realtime"],
             with_soak=positional[:2] == ["bench", "soak"],
             with_ab=positional[:2] == ["bench", "ab"],
+            with_front_door=positional[:2] == ["bench", "front-door"],
         )
     except ImportError as e:
         print(f"omnivoice bench is not available: {e}", file=sys.stderr)
@@ -252,6 +273,13 @@ def _bench_encoder(args: argparse.Namespace) -> int:
 
 def _bench_realtime(args: argparse.Namespace) -> int:
     from omnivoice.bench.realtime_cli import run
+
+    configure_logging("info")
+    return run(args)
+
+
+def _bench_front_door(args: argparse.Namespace) -> int:
+    from omnivoice.bench.front_door_cli import run
 
     configure_logging("info")
     return run(args)

@@ -418,6 +418,15 @@ class ServerConfig(_Strict):
         "pending at once and scores them as one batch; 0: each append alone in its own worker-thread "
         "call (the per-session path)",
     )
+    audio_batch_ms: float = Field(
+        3.0,
+        ge=0,
+        le=10,
+        description="how long an append waits for other sessions' appends to join its batch (when the "
+        "front door is idle; a busy one batches what queued meanwhile): fewer, larger batches cost "
+        "less CPU, each append this much later. Below a client's append interval (10-20 ms), or a "
+        "session that fell behind could not catch up",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     send_timeout_s: float = Field(
         10.0,

@@ -1,7 +1,9 @@
 """The front door: the app-wide scorer of every realtime session's incoming audio (`FrontDoor`).
 
 Each append of a session is a `Job`. With worker threads (`workers` >= 1), a session submits its job
-and awaits the result; a free worker takes every job pending at once (a tick) and, for all of them:
+and awaits the result; a free worker takes every job pending at once (a tick), once the oldest has
+waited `gather_s` for others to join it (a busy front door's queue is old enough already), and, for
+all of them:
 1. `take`s each job: converts its audio (base64 or G.711 decoding, resampling: per session) and
    buffers it. A job that raises here (a bad payload, a full buffer) fails alone;
 2. scores the new audio of every job's VAD stream together (`score_streams`: one model run per
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -63,6 +66,7 @@ class _Pending(Generic[R]):
     job: Job[R]
     future: asyncio.Future[R]
     loop: asyncio.AbstractEventLoop
+    queued: float = field(default_factory=time.monotonic)
     scoring: Scoring | None = None
     probs: list[float] = field(default_factory=list)  # of the new frames, once scored
     error: BaseException | None = None
@@ -71,12 +75,14 @@ class _Pending(Generic[R]):
 
 class FrontDoor:
     """The scorer shared by the app's sessions, with `workers` threads (0: each job in its own
-    `asyncio.to_thread` call). The threads start with the first job; `close` stops them."""
+    `asyncio.to_thread` call); a tick starts once its oldest job has waited `gather_s`. The threads
+    start with the first job; `close` stops them."""
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, gather_s: float = 0.0) -> None:
         if workers < 0:
             raise ValueError(f"workers must be >= 0, got {workers}")
         self.workers = workers
+        self.gather_s = gather_s
         self._queue: list[_Pending[Any]] = []
         self._cond = threading.Condition()
         self._threads: list[threading.Thread] = []
@@ -109,8 +115,11 @@ class FrontDoor:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
+                while not self._closed:
+                    wait = self._queue[0].queued + self.gather_s - time.monotonic() if self._queue else None
+                    if wait is not None and wait <= 0:
+                        break
+                    self._cond.wait(wait)
                 if self._closed:
                     return
                 batch, self._queue = self._queue, []

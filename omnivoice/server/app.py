@@ -75,7 +75,8 @@ def create_app(
     admission = Admission(profile.server.max_concurrent_requests, drain, lifecycle.capacity)
     own_hosts = [host or profile.server.host, urlsplit(profile.telephony.public_url or "").hostname or ""]
     auth = Auth(profile.auth, keys, own_hosts=own_hosts)
-    front_door = FrontDoor(profile.server.audio_workers)  # every session's input audio, batched
+    # every session's input audio, batched
+    front_door = FrontDoor(profile.server.audio_workers, profile.server.audio_batch_ms / 1000)
     realtime = Sessions(profile, lifecycle, admission, auth.limits, front_door=front_door)
     calls = Calls(realtime, connect_timeout_s=profile.realtime.webrtc_connect_timeout_s, drain=drain)
 

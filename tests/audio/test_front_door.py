@@ -205,3 +205,16 @@ async def test_without_workers_each_job_runs_alone(vad: SileroVad, speech: np.nd
         await door.score(Append(np.full(10, np.nan, np.float32), vad.stream(), None, 0))
     assert door.ticks == 0
     await door.close()
+
+
+async def test_appends_that_come_together_wait_for_each_other(vad: SileroVad, speech: np.ndarray) -> None:
+    """With `gather_s`, an idle front door waits that long from the first job for others to join it."""
+    door = FrontDoor(workers=2, gather_s=1.0)
+    try:
+        results = await asyncio.gather(
+            *(door.score(Append(speech[i * 1024 : (i + 1) * 1024], vad.stream(), None, 0)) for i in range(5))
+        )
+    finally:
+        await door.close()
+    assert (door.ticks, door.jobs) == (1, 5)
+    assert [len(probs) for probs, _ in results] == [2] * 5
