@@ -1,6 +1,7 @@
 """Audio codecs and streams: WAV and raw PCM16 (wav, re-exported here), G.711 u-law / A-law (g711),
 the realtime wire formats (formats), a streaming resampler (resample, soxr), Silero VAD (vad,
-onnxruntime) and the thinker's log-mel features (log_mel, torch). Only the numpy-only WAV codec is
+onnxruntime), the thinker's log-mel features (log_mel, torch) and the front door that scores many
+sessions' input audio in batches (front_door). Only the numpy-only WAV codec is
 imported here, so importing the package loads none of soxr, onnxruntime or torch."""
 
 from omnivoice.audio.wav import (
