@@ -113,34 +113,49 @@ class FrontDoor:
             self._threads.append(thread)
 
     def _work(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed:
-                    wait = self._queue[0].queued + self.gather_s - time.monotonic() if self._queue else None
-                    if wait is not None and wait <= 0:
-                        break
-                    self._cond.wait(wait)
-                if self._closed:
-                    return
-                batch, self._queue = self._queue, []
-                self.ticks += 1
-                self.jobs += len(batch)
-            try:
-                tick(batch)
-            except Exception as e:  # the scoring itself failed: every job of the tick with it
-                log.exception("the front door failed a tick of %d jobs", len(batch))
-                for p in batch:
-                    p.error = p.error or e
-            _complete(batch)
+        while self._tick():
+            pass
+
+    def _tick(self) -> bool:
+        """Run the next tick (False: closed). Its jobs are this call's alone, so an idle worker holds
+        none of them, nor the sessions behind them."""
+        batch = self._take()
+        if batch is None:
+            return False
+        try:
+            tick(batch)
+        except Exception as e:  # the scoring itself failed: every job of the tick with it
+            log.exception("the front door failed a tick of %d jobs", len(batch))
+            for p in batch:
+                p.error = p.error or e
+        _complete(batch)
+        return True
+
+    def _take(self) -> list[_Pending[Any]] | None:
+        """The next tick's jobs, once the oldest has waited `gather_s`; None once closed."""
+        with self._cond:
+            while not self._closed:
+                wait = self._queue[0].queued + self.gather_s - time.monotonic() if self._queue else None
+                if wait is not None and wait <= 0:
+                    break
+                self._cond.wait(wait)
+            if self._closed:
+                return None
+            batch, self._queue = self._queue, []
+            self.ticks += 1
+            self.jobs += len(batch)
+            return batch
 
     async def close(self) -> None:
-        """Stop the workers (after the tick under way); jobs still queued are cancelled."""
+        """Stop the workers (after the tick under way); jobs still queued fail (RuntimeError), as do
+        those submitted later."""
         with self._cond:
             self._closed = True
             queued, self._queue = self._queue, []
             self._cond.notify_all()
         for p in queued:
-            p.future.cancel()
+            p.error = RuntimeError("the front door is closed")
+        _complete(queued)
         threads, self._threads = self._threads, []
         for thread in threads:
             await asyncio.to_thread(thread.join)
