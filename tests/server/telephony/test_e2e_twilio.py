@@ -61,12 +61,15 @@ async def echo_marks(carrier: Carrier, count: int | None = None) -> None:
 async def test_call_answers_in_paced_media_frames_closed_by_marks(
     server: ServerThread, voice: dict[str, bytes]
 ) -> None:
+    door = server.server.config.app.state.realtime.front_door  # the app's: the call's audio goes through it
+    jobs = door.jobs
     async with call(server.base_url) as carrier:
         await carrier.connected()
         await carrier.start(**fixed_call(6, 12, voice="chelsie", instructions="Answer briefly."))
         await carrier.play(voice["one"])
         first = await carrier.next("media", timeout=60)
         session = the_session(server)
+        assert door.workers >= 1 and door.jobs - jobs >= 50  # 20 ms frames of a few seconds of speech
         await until(lambda: session.last_response is not None, 20)
         item = session.conversation.items[-1]
         generated = item.ledger.generated  # u-law samples (bytes)

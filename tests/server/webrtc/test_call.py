@@ -64,6 +64,8 @@ def released(server: ServerThread) -> bool:
 
 async def test_spoken_turn_round_trip(server: ServerThread, voice: dict[str, Any]) -> None:
     token = await secret(server, fixed(6, 12, instructions="Be brief."))
+    door = server.server.config.app.state.realtime.front_door  # the app's: the call's audio goes through it
+    jobs = door.jobs
     call = await connect(server.base_url, token)
     try:
         created = await call.next("session.created")
@@ -72,6 +74,7 @@ async def test_spoken_turn_round_trip(server: ServerThread, voice: dict[str, Any
         say(call, voice["one"])
         started = await call.next("input_audio_buffer.speech_started")
         stopped = await call.next("input_audio_buffer.speech_stopped")
+        assert door.workers >= 1 and door.jobs - jobs >= 50  # 20 ms frames of a few seconds of speech
         committed = await call.next("input_audio_buffer.committed")
         # a short answer can be done before its playback starts: no order between these two
         playing = await call.first("output_audio_buffer.started", timeout=60)
