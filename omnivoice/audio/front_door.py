@@ -89,6 +89,8 @@ class FrontDoor:
         self._closed = False
         self.ticks = 0  # ticks run, and the jobs they took: jobs / ticks is the mean batch
         self.jobs = 0
+        self.busy_s = 0.0  # seconds the workers spent in ticks
+        self.waited_s = 0.0  # seconds the jobs waited in the queue, together
 
     async def score(self, job: Job[R]) -> R:
         """Run `job` (in a worker, with the jobs of other sessions pending at the time); its result,
@@ -122,6 +124,7 @@ class FrontDoor:
         batch = self._take()
         if batch is None:
             return False
+        t0 = time.monotonic()
         try:
             tick(batch)
         except Exception as e:  # the scoring itself failed: every job of the tick with it
@@ -129,6 +132,8 @@ class FrontDoor:
             for p in batch:
                 p.error = p.error or e
         _complete(batch)
+        with self._cond:
+            self.busy_s += time.monotonic() - t0
         return True
 
     def _take(self) -> list[_Pending[Any]] | None:
@@ -142,8 +147,10 @@ class FrontDoor:
             if self._closed:
                 return None
             batch, self._queue = self._queue, []
+            now = time.monotonic()
             self.ticks += 1
             self.jobs += len(batch)
+            self.waited_s += sum(now - p.queued for p in batch)
             return batch
 
     async def close(self) -> None:

@@ -138,6 +138,8 @@ async def one_run(
         "windows_ahead": sum(r.windows for r in results),
         "ticks": door.ticks,
         "mean_batch": round(door.jobs / door.ticks, 2) if door.ticks else None,
+        "workers_busy_s": round(door.busy_s, 3) if door.ticks else None,
+        "mean_queued_ms": round(1000 * door.waited_s / door.jobs, 2) if door.jobs else None,
     }
 
 

@@ -33,6 +33,7 @@ from omnivoice.server.chat.endpoint import chat_completions
 from omnivoice.server.debug_state import debug_state, snapshot
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
+from omnivoice.server.front_door_metrics import FrontDoorCollector
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.listener import server_config
 from omnivoice.server.memory_trim import MemoryTrimmer
@@ -140,6 +141,7 @@ def create_app(
         promised_streams=lambda: admission.streams,
     )
     app.state.metrics.registry.register(TurnModelCollector(realtime.judge.stats))
+    app.state.metrics.registry.register(FrontDoorCollector(front_door))
     return app
 
 

@@ -9,11 +9,13 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.polling import until
@@ -79,6 +81,9 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
         await until(lambda: item.ledger.sent == generated, 20)
         media, marks = carrier.of("media"), carrier.of("mark")
         last = media[-1]
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    appends = re.search(r"^omnivoice_front_door_appends_total (\S+)$", metrics, re.M)
+    assert appends is not None and float(appends[1]) >= jobs + 50
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
     assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
     assert [i.role for i in session.conversation.items] == ["user", "assistant"]
