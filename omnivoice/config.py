@@ -211,10 +211,11 @@ class Code2WavStage(StageConfig):
         "cuDNN's heuristic choice, which starts sooner. Above max_batch: no timing at all",
     )
     cudnn_benchmark_limit: int = Field(
-        10,
+        3,
         ge=0,
         description="CUDA devices: convolution algorithms cuDNN times per shape when it tunes (torch's "
-        "cudnn.benchmark_limit; fewer start sooner, 0: all of them)",
+        "cudnn.benchmark_limit; fewer start sooner, 0: all of them). Three keep the steps within a few "
+        "per cent of timing ten (torch's default) for a third of the start (BENCHMARKS.md)",
     )
 
 

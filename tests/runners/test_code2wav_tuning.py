@@ -20,8 +20,8 @@ def test_tuning_flags_hold_inside_and_are_restored_after() -> None:
     assert (torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit) == before
 
 
-def test_tuning_settings_default_to_every_shape_with_torchs_limit() -> None:
+def test_tuning_settings_default_to_every_shape_with_three_algorithms() -> None:
     cfg = Code2WavStage()
-    assert cfg.cudnn_tune_from_batch == 1 and cfg.cudnn_benchmark_limit == 10
+    assert cfg.cudnn_tune_from_batch == 1 and cfg.cudnn_benchmark_limit == 3
     with pytest.raises(ValueError, match="cudnn_tune_from_batch"):
         Code2WavStage(cudnn_tune_from_batch=0)
