@@ -11,12 +11,18 @@
 #   PHASE=rt      `bench realtime` at each of SESSIONS (default "16 32"; then "64", then "100")
 #   PHASE=chat    `bench` chat completions at each of CHAT (default "32 64"), text input; INPUT=speech
 #                 sends .speech/utt.wav as input_audio instead
+#   PHASE=td      semantic_vad against server_vad (benchmarks/turn_detection.py, issue 30) at each of
+#                 SESSIONS (default "1 32"); MODES as turn_detection_run.sh's
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
 # spoken question made with espeak-ng on the CPU machine). Everything measured so far is packed into
 # $OUT/r.tgz after every step (a call cut short still returns it): serve.log, start.json,
 # metrics-fresh.txt, rt-s<N>.json/.log, chat-<input>-c<C>.json/.log, metrics-<step>.txt.
 #   TURNS=2 RAMP=6 SPEC=on TOKENS=64 FRAMES=240   as serve_run.sh's; TB=240: one bench's time limit
+#   CLIENTS=0     the bench's --client-processes (0: one per 32 sessions, at most half the cores)
+#   PROF=1        during each rt run, after PROF_AFTER=20 s: the machine's busiest processes and the
+#                 server's busiest threads (top), and two `py-spy dump --native` of the server 3 s
+#                 apart, in prof-s<N>.txt (py-spy from .whl/)
 #   BUDGET=520    seconds a call may spend; a bench that would not fit in what is left is not started
 #   PROFILE=configs/h200-dummy.yaml
 # Example (the lead's device calls, one after another):
@@ -50,6 +56,18 @@ wait_ready() {  # up to $1 seconds
     done
     echo "not healthy yet after $1 s (PHASE=wait goes on waiting)"; return 1
 }
+profile() {  # $1: sessions; what the machine and the server's threads do mid-run
+    sleep "${PROF_AFTER:-20}"
+    pid=$(cat "$STATE/server.pid")
+    {
+        echo "== top, processes"; top -b -n 1 -w 220 | head -25
+        echo "== top, the server's threads"; top -H -b -n 1 -w 220 -p "$pid" | head -30
+        for k in 1 2; do
+            echo "== py-spy dump --native, $k"; /tmp/site/bin/py-spy dump --native --pid "$pid" 2>&1
+            sleep 3
+        done
+    } > "$STATE/r/prof-s$1.txt" 2>&1
+}
 ready_or_exit() {
     if ! alive || ! healthy; then echo "no server up: run PHASE=start (or wait) first"; pack; exit 1; fi
 }
@@ -79,10 +97,12 @@ rt)
     ready_or_exit
     for n in ${SESSIONS:-16 32}; do
         if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): $n sessions"; continue; fi
+        [ "${PROF:-0}" = 1 ] && profile "$n" &
         timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-2}" --warmups 1 \
             --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
             --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" --quiet \
-            --output-json "$STATE/r/rt-s$n.json" > "$STATE/r/rt-s$n.log" 2>&1
+            --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-s$n.json" > "$STATE/r/rt-s$n.log" 2>&1
+        wait
         tail -22 "$STATE/r/rt-s$n.log"
         scrape "s$n"
         pack
@@ -102,6 +122,21 @@ chat)
         tail -12 "$STATE/r/chat-$input-c$c.log"
         scrape "chat-$input-c$c"
         grep -E "^omnivoice_(event_loop_lag_seconds_(sum|count)|requests_total|stage_(busy|step_blocked)_seconds_total)" "$STATE/r/metrics-chat-$input-c$c.txt"
+        pack
+    done
+    ;;
+td)
+    ready_or_exit
+    modes=${MODES:-server_vad:500,semantic_vad:low,semantic_vad:medium,semantic_vad:high}
+    for n in ${SESSIONS:-1 32}; do
+        if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): td $n sessions"; continue; fi
+        repeats=$(( (n + 15) / 16 )); [ "$n" = 1 ] && repeats=2
+        timeout "$TB" python3 benchmarks/turn_detection.py --base-url "$URL" --modes "$modes" --sessions "$n" \
+            --repeats "$repeats" --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
+            --model-threads "${THREADS:-2}" --machine "one H200, its host CPU" --quiet \
+            --output-json "$STATE/r/td-s$n.json" > "$STATE/r/td-s$n.log" 2>&1
+        tail -8 "$STATE/r/td-s$n.log"
+        scrape "td-s$n"
         pack
     done
     ;;

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -38,6 +40,7 @@ from omnivoice.bench.realtime_load import (
     CallerFactory,
     RealtimeLoadConfig,
     TurnRecord,
+    run_in_processes,
     run_realtime_load,
 )
 from omnivoice.bench.report import describe_machine
@@ -59,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--sessions", type=int, default=1, help="concurrent sessions")
     a("--turns", type=int, default=3, help="spoken turns per session")
+    a(
+        "--client-processes",
+        type=int,
+        default=0,
+        help="client processes the sessions are dealt over, so the client's own JSON, base64 and "
+        "WebSocket work does not delay what it measures (0: one per 32 sessions, at most half "
+        "this machine's cores)",
+    )
     a(
         "--ramp-s",
         type=float,
@@ -83,6 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--output-json", type=Path, default=None, help="write the report as JSON here")
     a("--machine", default=None, help="machine description for the report (default: read off this host)")
     a("--quiet", action="store_true", help="no line per turn on stderr")
+
+
+def auto_client_processes(sessions: int, cores: int | None = None) -> int:
+    """One client process per 32 sessions, at most half the cores (the server needs the rest)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(cores // 2, math.ceil(sessions / 32)))
 
 
 def load_speech(args: argparse.Namespace) -> bytes:
@@ -191,8 +208,12 @@ def _run_table(s: dict[str, Any], speculation: dict[str, float] | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """0 if at least one measured turn got audio, 1 if none did, 2 on bad options."""
-    if args.sessions < 1 or args.turns < 1 or args.warmups < 0:
-        print("omnivoice bench realtime: --sessions and --turns must be >= 1", file=sys.stderr)
+    if args.sessions < 1 or args.turns < 1 or args.warmups < 0 or args.client_processes < 0:
+        print(
+            "omnivoice bench realtime: --sessions and --turns must be >= 1, --warmups and "
+            "--client-processes >= 0",
+            file=sys.stderr,
+        )
         return 2
     try:
         speech = load_speech(args)
@@ -220,25 +241,10 @@ def run(args: argparse.Namespace) -> int:
         speculative=next(iter(modes.values())),
     )
 
-    def progress(r: TurnRecord) -> None:
-        if args.quiet:
-            return
-        if not r.ok:
-            print(f"[session {r.session} turn {r.turn}] error: {r.error}", file=sys.stderr, flush=True)
-            return
-        v2v = 1000 * (r.first_audio - r.speech_end) if r.first_audio else float("nan")
-        stall = 1000 * playback_stall(r.chunks)
-        audio = sum(s for _, s in r.chunks)
-        print(
-            f"[session {r.session} turn {r.turn}] v2v {v2v:.0f} ms, audio {audio:.2f} s, "
-            f"stall {stall:.0f} ms, {r.status}",
-            file=sys.stderr,
-            flush=True,
-        )
-
+    clients = args.client_processes or auto_client_processes(args.sessions)
     print(
         f"realtime bench {url}: {args.sessions} sessions x {args.turns} turns, speech "
-        f"{len(speech) / 2 / RATE:.2f} s",
+        f"{len(speech) / 2 / RATE:.2f} s, {clients} client process(es)",
         file=sys.stderr,
     )
     if args.warmups:
@@ -254,8 +260,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"speculative responses {name}", file=sys.stderr)
         before = speculation_counts(args.base_url, args.api_key)
         scraped = server_metrics.scrape(args.base_url, args.api_key)
-        records, duration = asyncio.run(
-            run_realtime_load(replace(cfg, speculative=speculative), progress, caller)
+        records, duration = run_in_processes(
+            replace(cfg, speculative=speculative), clients, caller, args.quiet
         )
         after = speculation_counts(args.base_url, args.api_key)
         runs[name] = {
@@ -274,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
         "url": url,
         "transport": args.transport,
         "sessions": args.sessions,
+        "client_processes": clients,
         "turns_per_session": args.turns,
         "ramp_s": args.ramp_s,
         "speech_seconds": len(speech) / 2 / RATE,

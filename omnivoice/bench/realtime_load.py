@@ -15,12 +15,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import multiprocessing
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 import websockets
+
+from omnivoice.bench.metrics import playback_stall
 
 RATE = 24000
 CHUNK_MS = 20
@@ -156,24 +161,103 @@ CallerFactory = Callable[[RealtimeLoadConfig, int, Callable[[TurnRecord], None]]
 
 
 async def run_realtime_load(
-    cfg: RealtimeLoadConfig, on_turn: Callable[[TurnRecord], None], caller: CallerFactory | None = None
+    cfg: RealtimeLoadConfig,
+    on_turn: Callable[[TurnRecord], None],
+    caller: CallerFactory | None = None,
+    indices: Sequence[int] | None = None,
+    start_at: float | None = None,
 ) -> tuple[list[TurnRecord], float]:
     """Run every session to its last turn; returns the turn records and the wall time taken.
-    `caller` makes one session's client (default: a `/v1/realtime` client; see bench.twilio_load)."""
+    `caller` makes one session's client (default: a `/v1/realtime` client; see bench.twilio_load).
+    `indices` runs only those sessions of the `cfg.sessions` (a shard: see `run_in_processes`), each
+    started at its place of the ramp counted from `start_at` (a `time.monotonic()` instant, which
+    every process of the machine shares; default now)."""
     make = caller or _Caller
+    chosen = list(range(cfg.sessions) if indices is None else indices)
     records: list[TurnRecord] = []
 
     def record(turn: TurnRecord) -> None:
         records.append(turn)
         on_turn(turn)
 
+    t0 = time.monotonic() if start_at is None else start_at
+
     async def start(i: int) -> None:
-        await asyncio.sleep(i * cfg.ramp_s / cfg.sessions)
+        await asyncio.sleep(max(0.0, t0 + i * cfg.ramp_s / cfg.sessions - time.monotonic()))
         await make(cfg, i, record).run()
 
-    t0 = time.monotonic()
-    results = await asyncio.gather(*(start(i) for i in range(cfg.sessions)), return_exceptions=True)
-    for i, r in enumerate(results):
+    results = await asyncio.gather(*(start(i) for i in chosen), return_exceptions=True)
+    for i, r in zip(chosen, results, strict=True):
         if isinstance(r, BaseException):
             records.append(TurnRecord(i, -1, error=f"{type(r).__name__}: {r}"))
     return records, time.monotonic() - t0
+
+
+def print_turn(r: TurnRecord) -> None:
+    """One line on stderr per finished turn: its voice-to-voice latency, audio and stall."""
+    if not r.ok:
+        print(f"[session {r.session} turn {r.turn}] error: {r.error}", file=sys.stderr, flush=True)
+        return
+    v2v = 1000 * (r.first_audio - r.speech_end) if r.first_audio else float("nan")
+    audio = sum(s for _, s in r.chunks)
+    print(
+        f"[session {r.session} turn {r.turn}] v2v {v2v:.0f} ms, audio {audio:.2f} s, "
+        f"stall {1000 * playback_stall(r.chunks):.0f} ms, {r.status}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _quiet(r: TurnRecord) -> None:
+    pass
+
+
+def _shard(
+    conn: Connection, cfg: RealtimeLoadConfig, indices: list[int], caller: CallerFactory | None, quiet: bool
+) -> None:
+    """A client process: says it is ready, waits for the common start instant, runs its sessions and
+    sends back their records."""
+    conn.send("ready")
+    start_at = conn.recv()
+    records, _ = asyncio.run(
+        run_realtime_load(cfg, _quiet if quiet else print_turn, caller, indices, start_at)
+    )
+    conn.send((records, time.monotonic()))
+    conn.close()
+
+
+def run_in_processes(
+    cfg: RealtimeLoadConfig, processes: int, caller: CallerFactory | None = None, quiet: bool = False
+) -> tuple[list[TurnRecord], float]:
+    """`run_realtime_load` with the sessions dealt round-robin over `processes` client processes, so
+    a hundred callers' JSON, base64 and WebSocket work does not queue on one client interpreter (which
+    would add its own delay to every measured latency). Every process is started and ready before the
+    common ramp begins; a process that dies fails its sessions' turns."""
+    if processes <= 1:
+        return asyncio.run(run_realtime_load(cfg, _quiet if quiet else print_turn, caller))
+    ctx = multiprocessing.get_context("spawn")
+    shards = [list(range(cfg.sessions))[k::processes] for k in range(processes)]
+    shards = [s for s in shards if s]
+    started: list[tuple[Any, Connection, list[int]]] = []
+    for indices in shards:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_shard, args=(child, cfg, indices, caller, quiet), daemon=True)
+        proc.start()
+        child.close()
+        started.append((proc, parent, indices))
+    for _, conn, _ in started:
+        conn.recv()  # ready: imported and waiting
+    start_at = time.monotonic() + 0.2
+    for _, conn, _ in started:
+        conn.send(start_at)
+    records: list[TurnRecord] = []
+    end = start_at
+    for proc, conn, indices in started:
+        try:
+            shard_records, shard_end = conn.recv()
+            records.extend(shard_records)
+            end = max(end, shard_end)
+        except (EOFError, OSError) as e:
+            records.extend(TurnRecord(i, -1, error=f"client process failed: {e!r}") for i in indices)
+        proc.join(timeout=10)
+    return records, end - start_at

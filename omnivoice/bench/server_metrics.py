@@ -114,6 +114,31 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
             "before": _one(before, "omnivoice_engine_capacity_streams"),
             "after": _one(after, "omnivoice_engine_capacity_streams"),
         },
+        "front_door": front_door(before, after, seconds),
+        "server_process_cores": _rate(before, after, "process_cpu_seconds_total", seconds),
+    }
+
+
+def _rate(before: Samples, after: Samples, name: str, seconds: float) -> float | None:
+    a, b = _one(after, name), _one(before, name)
+    return None if a is None or b is None or seconds <= 0 else (a - b) / seconds
+
+
+def front_door(before: Samples, after: Samples, seconds: float) -> dict[str, float | None]:
+    """The front door's work over the run: appends scored, the mean batch, the share of the run its
+    workers were busy (summed over workers) and how long an append waited for a worker."""
+
+    def delta(key: str) -> float | None:
+        name = f"omnivoice_front_door_{key}_total"
+        a, b = _one(after, name), _one(before, name)
+        return None if a is None or b is None else a - b
+
+    ticks, appends, busy, wait = (delta(k) for k in ("ticks", "appends", "busy_seconds", "wait_seconds"))
+    return {
+        "appends": appends,
+        "mean_batch": appends / ticks if appends is not None and ticks else None,
+        "busy_share": busy / seconds if busy is not None and seconds > 0 else None,
+        "wait_ms_per_append": 1000 * wait / appends if wait is not None and appends else None,
     }
 
 
@@ -130,6 +155,14 @@ def format_lines(b: dict[str, Any]) -> list[str]:
         f"{'capacity streams':<28} {f(cap['before'])} -> {f(cap['after'])}",
         "stage        busy %  step ms  host ms  runnable %  blocked %  ingest %  gpu %",
     ]
+    door = b.get("front_door") or {}
+    if door.get("appends"):
+        lines.insert(
+            2,
+            f"{'front door':<28} {f(door['appends'])} appends, batch {f(door['mean_batch'], digits=1)}, "
+            f"busy {f(door['busy_share'], 100)} %, wait {f(door['wait_ms_per_append'], digits=1)} ms; "
+            f"server process {f(b.get('server_process_cores'), digits=2)} cores",
+        )
     for name, s in b["stages"].items():
         lines.append(
             f"{name:<12} {f(s['busy_share'], 100):>6} {f(s['step_ms'], digits=1):>8} "

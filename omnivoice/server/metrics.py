@@ -12,7 +12,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -212,6 +219,9 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # the server process's own CPU seconds and memory (process_cpu_seconds_total, ...): with the
+        # stage processes' step CPU, what the front end costs next to the engine
+        ProcessCollector(registry=r)
         self.requests = Counter(
             "omnivoice_requests", "Chat completion requests by outcome", ["status"], registry=r
         )

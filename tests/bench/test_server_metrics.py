@@ -50,3 +50,28 @@ def test_breakdown_is_the_difference_over_the_run() -> None:
     assert talker["gpu_utilization_percent"] is None
     assert b["capacity_streams"] == {"before": 16.0, "after": 16.0}
     assert breakdown(None, after, 10.0) is None
+
+
+def test_front_door_and_server_cpu_over_the_run() -> None:
+    def door(ticks: float, appends: float, busy: float, wait: float, cpu: float) -> Samples:
+        s = scrape([1, 1, 1], busy=1.0, cpu=0.5, steps=1)
+        s["omnivoice_front_door_ticks_total"] = {(): ticks}
+        s["omnivoice_front_door_appends_total"] = {(): appends}
+        s["omnivoice_front_door_busy_seconds_total"] = {(): busy}
+        s["omnivoice_front_door_wait_seconds_total"] = {(): wait}
+        s["process_cpu_seconds_total"] = {(): cpu}
+        return s
+
+    b = breakdown(door(10, 100, 1.0, 0.5, 20.0), door(60, 1100, 6.0, 2.5, 35.0), seconds=10.0)
+    assert b is not None
+    assert b["front_door"] == {
+        "appends": 1000,
+        "mean_batch": 20,
+        "busy_share": pytest.approx(0.5),
+        "wait_ms_per_append": pytest.approx(2.0),
+    }
+    assert b["server_process_cores"] == pytest.approx(1.5)
+    # a server without a front door (or an older one) reports none
+    plain = breakdown(scrape([1, 1, 1], 1, 0.5, 1), scrape([1, 1, 2], 2, 1, 2), seconds=10.0)
+    assert plain is not None and plain["front_door"]["appends"] is None
+    assert plain["server_process_cores"] is None

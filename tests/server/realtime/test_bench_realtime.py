@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from omnivoice.bench.realtime_cli import add_arguments, format_table, run
+from omnivoice.bench.realtime_cli import add_arguments, auto_client_processes, format_table, run
 from tests.support.fake_engine import Script, serve_realtime
 
 
@@ -40,3 +40,39 @@ def test_two_sessions_report_voice_to_voice_latency(
     assert on["speculation"]["started"] == 2 + on["speculation"]["dropped"]
     assert off["speculation"] == dict.fromkeys(off["speculation"], 0)
     assert "speculative responses: off" in format_table(report)
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_sessions_dealt_over_client_processes_are_each_measured_once(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "rt.json"
+    with serve_realtime(Script(audio_chunks=2, delay=0.005)) as srv:
+        args = parser.parse_args(
+            ["--base-url", srv.url, "--sessions", "3", "--turns", "1", "--warmups", "0", "--speech-text",
+             "Hello there.", "--silence-ms", "300", "--speculative", "on", "--client-processes", "2",
+             "--quiet", "--output-json", str(out)]
+        )  # fmt: skip
+        assert run(args) == 0
+    report = json.loads(out.read_text())
+    assert report["client_processes"] == 2
+    s = report["summary"]
+    assert s["turns"] == 3 and s["errors"] == 0
+    assert s["audio_seconds"] == pytest.approx(3 * 0.2, abs=0.01)
+    assert report["runs"]["on"]["speculation"]["confirmed"] == 3
+
+
+def test_client_processes_grow_with_sessions_within_half_the_cores() -> None:
+    assert auto_client_processes(1, cores=16) == 1
+    assert auto_client_processes(32, cores=16) == 1
+    assert auto_client_processes(33, cores=16) == 2
+    assert auto_client_processes(100, cores=16) == 4
+    assert auto_client_processes(1000, cores=16) == 8
+    assert auto_client_processes(100, cores=2) == 1
+
+
+def test_bad_client_processes_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run(parser.parse_args(["--client-processes", "-1", "--speech-text", "Hi."])) == 2
+    assert "--client-processes" in capsys.readouterr().err
