@@ -545,6 +545,13 @@ class RealtimeConfig(_Strict):
         description="semantic_vad: CPU threads of one run of the end-of-turn model (Smart Turn), which "
         "scores the pauses of all sessions that pause together as one batch",
     )
+    turn_model_runs: int = Field(
+        0,
+        ge=0,
+        description="semantic_vad: runs of the end-of-turn model at once, each on its own share of the "
+        "pauses waiting (its cost grows with the batch, so many callers pausing together are split "
+        "over several runs); 0: one per four CPU cores",
+    )
 
 
 class TelephonyConfig(_Strict):

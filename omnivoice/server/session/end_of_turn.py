@@ -1,11 +1,13 @@
 """The end-of-turn model behind `semantic_vad`, shared by the app's sessions (`Sessions.judge`).
 
 A session whose speech pauses asks `TurnJudge.score` how likely it is that the caller is done, with
-the turn's audio up to the pause. The model (audio/smart_turn.py) runs off the event loop, in a worker
-thread, one run at a time, and the pauses of every session that ask while a run is under way go
-together into the next run, as one batch: at a hundred callers the model runs a few batches, not a
-hundred runs, and a pause waits at most for the run before its own. The model is loaded once, off the
-event loop too, when the first session turns `semantic_vad` on (`prepare`) or at the first pause.
+the turn's audio up to the pause. The model (audio/smart_turn.py) runs off the event loop, in worker
+threads, up to `runs` runs at once. A pause asked while a run is free starts one; the pauses that
+ask while every run is busy go together into the next free run, as one batch, and the pauses waiting
+are split evenly over the runs that are free: a run's cost grows with its batch, so at a hundred
+callers several runs share the work, and a pause waits at most for one run before its own. The model
+is loaded once, off the event loop too, when the first session turns `semantic_vad` on (`prepare`)
+or at the first pause.
 `stats` (exported on /metrics) time every pause from its question to its answer.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,16 +55,28 @@ class JudgeStats:
                 self.latency_buckets[i] += 1
 
 
-class TurnJudge:
-    """`load` makes the model (in the worker thread; default: Smart Turn with `threads` intra-op
-    threads)."""
+Pending = tuple[np.ndarray, "asyncio.Future[float]", float]  # clip, its answer, when it was asked
 
-    def __init__(self, threads: int = 1, load: Callable[[], SmartTurn] | None = None) -> None:
+
+def auto_runs(cores: int | None = None) -> int:
+    """Runs at once by default: one per four cores (the rest serve the stages and the front door)."""
+    return max(1, (cores or os.cpu_count() or 1) // 4)
+
+
+class TurnJudge:
+    """`load` makes the model (in a worker thread; default: Smart Turn with `threads` intra-op
+    threads); `runs`: model runs at once (0: `auto_runs`)."""
+
+    def __init__(self, threads: int = 1, load: Callable[[], SmartTurn] | None = None, runs: int = 1) -> None:
         self._load_model = load or (lambda: SmartTurn(threads=threads))
+        self.runs = runs or auto_runs()
         self._model: SmartTurn | None = None
         self._loading: asyncio.Task[SmartTurn] | None = None
-        self._pending: list[tuple[np.ndarray, asyncio.Future[float], float]] = []
+        self._pending: list[Pending] = []
         self._runner: asyncio.Task[None] | None = None
+        self._busy = 0  # runs under way
+        self._freed = asyncio.Event()  # set when a run ends
+        self._batches: set[asyncio.Task[None]] = set()
         self.stats = JudgeStats()
 
     def prepare(self) -> None:
@@ -100,30 +116,45 @@ class TurnJudge:
         return await future
 
     async def _run(self) -> None:
-        """Score the pending pauses, a batch per model run, until none is left."""
+        """Hand the pending pauses to free runs, split evenly over them, until none is left."""
         while self._pending:
-            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            if self._busy >= self.runs:
+                self._freed.clear()
+                await self._freed.wait()
+                continue
+            size = min(MAX_BATCH, math.ceil(len(self._pending) / (self.runs - self._busy)))
+            batch, self._pending = self._pending[:size], self._pending[size:]
             batch = [b for b in batch if not b[1].done()]  # a session gone meanwhile: not scored
             if not batch:
                 continue
-            t0 = time.perf_counter()
-            try:
-                model = await self.model()
-                probs = await asyncio.to_thread(model.score, [clip for clip, _, _ in batch])
-            except Exception as e:
-                log.warning("the end-of-turn model failed on %d pauses", len(batch), exc_info=True)
-                self.stats.failed += len(batch)
-                for _, future, _ in batch:
-                    if not future.done():
-                        future.set_exception(e)
-                continue
-            now = time.perf_counter()
-            self.stats.runs += 1
-            self.stats.run_seconds += now - t0
-            for (_, future, asked), prob in zip(batch, probs, strict=True):
-                self.stats.record(now - asked)
+            self._busy += 1
+            task = asyncio.create_task(self._score(batch), name="turn-model-run")
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+
+    async def _score(self, batch: list[Pending]) -> None:
+        """One model run over `batch`, each pause answered with its probability or the model's error."""
+        t0 = time.perf_counter()
+        try:
+            model = await self.model()
+            probs = await asyncio.to_thread(model.score, [clip for clip, _, _ in batch])
+        except Exception as e:
+            log.warning("the end-of-turn model failed on %d pauses", len(batch), exc_info=True)
+            self.stats.failed += len(batch)
+            for _, future, _ in batch:
                 if not future.done():
-                    future.set_result(prob)
+                    future.set_exception(e)
+            return
+        finally:
+            self._busy -= 1
+            self._freed.set()
+        now = time.perf_counter()
+        self.stats.runs += 1
+        self.stats.run_seconds += now - t0
+        for (_, future, asked), prob in zip(batch, probs, strict=True):
+            self.stats.record(now - asked)
+            if not future.done():
+                future.set_result(prob)
 
     def count(self, done: bool) -> None:
         """A session acted on a score: its turn ended at the pause (`done`) or was held open."""
@@ -134,10 +165,10 @@ class TurnJudge:
 
     async def close(self) -> None:
         """Stop the runner (the app is shutting down); pauses still waiting fail."""
-        for task in (self._runner, self._loading):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(t for t in (self._runner, self._loading) if t), return_exceptions=True)
+        tasks = [t for t in (self._runner, self._loading, *self._batches) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for _, future, _ in self._pending:
             future.cancel()
         self._pending = []

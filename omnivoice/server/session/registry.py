@@ -77,7 +77,9 @@ class Sessions:
         self._vad_lock = asyncio.Lock()
         self.front_door = front_door if front_door is not None else FrontDoor(workers=0)
         self.speculation = SpeculationStats()
-        self.judge = TurnJudge(threads=self.config.turn_model_threads)  # loaded once semantic_vad is used
+        self.judge = TurnJudge(
+            threads=self.config.turn_model_threads, runs=self.config.turn_model_runs
+        )  # loaded once semantic_vad is used
 
     async def admit(self, owner: str, *, request_counted: bool = False) -> Ticket:
         """Admit a session of API key `owner`, or raise SessionRefused. `request_counted`: the auth
