@@ -17,6 +17,16 @@ CLIPS = Path(__file__).parents[2] / "benchmarks" / "turn_clips"
 REFERENCE = json.loads((Path(__file__).parent / "smart_turn_reference.json").read_text())
 
 
+def int8_kernels() -> str:
+    """Which of the reference's score sets this CPU makes: onnxruntime's int8 products are exact with
+    VNNI instructions and saturate in 16 bits without them, and this model's scores move with that."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "no_vnni"
+    return "vnni" if "avx512_vnni" in flags or "avx_vnni" in flags else "no_vnni"
+
+
 @pytest.fixture(scope="module")
 def model() -> SmartTurn:
     return SmartTurn()
@@ -47,7 +57,7 @@ def test_the_shipped_model_is_found_without_a_download() -> None:
 def test_scores_match_the_reference_of_the_shipped_model(model: SmartTurn) -> None:
     clips = _clips()
     scores = dict(zip(clips, model.score(list(clips.values())), strict=True))
-    for name, ref in REFERENCE["scores"].items():
+    for name, ref in REFERENCE["scores"][int8_kernels()].items():
         assert scores[name] == pytest.approx(ref, abs=2e-3), name
 
 
@@ -55,7 +65,7 @@ def test_a_complete_question_scores_done_and_a_broken_one_not(model: SmartTurn) 
     clips = _clips()
     complete, broken = model.score([clips["complete/02.wav"], clips["broken/02.wav"]])
     assert complete > 0.9  # "Please set an alarm for seven in the morning."
-    assert broken < 0.2  # "What is the best way to ..."
+    assert broken < 0.5  # "What is the best way to ...": not done, on every kind of CPU
 
 
 def test_a_batch_scores_as_its_clips_one_by_one(model: SmartTurn) -> None:
