@@ -9,6 +9,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from omnivoice.config import TalkerStage
@@ -27,7 +28,7 @@ class TalkerSeq:
     request: GenerationRequest
     user_part: torch.Tensor  # [U, Ht] projected user turns
     role_embeds: torch.Tensor  # [3, Hth] thinker embeddings of "<|im_start|>assistant\n"
-    text: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of forwarded tokens
+    text: list[np.ndarray] = field(default_factory=list)  # thinker embeddings of forwarded tokens [Hth]
     text_done: bool = False
     slot: int = -1
     max_tokens: int = 0  # codebook-0 tokens it may sample (the last one never gets its frame)
