@@ -290,16 +290,24 @@ class StageWorker:
             self.engine.put(StageFinished(rid, self.runner.name, "error", error=f"{self.runner.name}: {err}"))
 
     def _route(self, outs: list[Any]) -> None:
+        """Each destination's share of `outs`, in their order, in one `put_many`: a step's outputs
+        cost a transfer per destination, not one per request. Chunks go downstream before the
+        engine hears of any request's end."""
+        downstream: dict[int, list[Any]] = {}
+        engine: list[Any] = []
         for out in outs:
             if isinstance(out, ThinkerChunk | CodecChunk):
                 if self.downstream:
-                    self.downstream[self._next.get(out.request_id, 0)].put(out)
+                    downstream.setdefault(self._next.get(out.request_id, 0), []).append(out)
             elif isinstance(out, TokenOutput | PcmOutput | StageFinished):
                 if isinstance(out, StageFinished):
-                    self._next.pop(out.request_id, None)  # its last chunk downstream went before this
-                self.engine.put(out)
+                    self._next.pop(out.request_id, None)  # its last chunk downstream is routed already
+                engine.append(out)
             else:
                 raise TypeError(f"{self.runner.name} produced an unroutable {type(out).__name__}")
+        for replica, msgs in downstream.items():
+            self.downstream[replica].put_many(msgs)
+        self.engine.put_many(engine)
 
     def _publish_stats(self) -> None:
         # Periodically while busy (and, slower, while idle); at once when something changed and the

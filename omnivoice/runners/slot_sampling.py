@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from omnivoice.runners.transfer import to_device
@@ -30,6 +31,31 @@ def request_generator(seed: int | None) -> torch.Generator:
     else:
         gen.manual_seed(seed)
     return gen
+
+
+class UniformDraws:
+    """A request's uniform draws from its own host generator, one `shape` row a step.
+
+    The CPU generator fills a tensor element by element, in order, so the k-th row of one
+    `torch.rand((block, *shape))` is what the k-th `torch.rand(shape)` call would have drawn: rows are
+    drawn a block at a time and a step takes its row with no torch call, the same values as a draw
+    per step. Only these rows use the generator, so drawing ahead changes none of them."""
+
+    def __init__(self, gen: torch.Generator, shape: tuple[int, ...] = (), block: int = 32) -> None:
+        self.gen = gen
+        self.shape = shape
+        self.block = block
+        self._rows = np.zeros((0, *shape), dtype=np.float32)
+        self._next = 0
+
+    def take(self) -> np.ndarray:
+        """The next row [*shape] (float32)."""
+        if self._next == len(self._rows):
+            self._rows = torch.rand((self.block, *self.shape), generator=self.gen).numpy()
+            self._next = 0
+        row = self._rows[self._next]
+        self._next += 1
+        return row
 
 
 class SlotSampler:
@@ -59,7 +85,7 @@ class SlotSampler:
         self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
         if suppress is not None and suppress.numel():
             self.suppress_mask[suppress.to(device)] = True
-        self.generators: dict[int, torch.Generator] = {}  # slot -> the request's draws (sampled slots)
+        self.generators: dict[int, UniformDraws] = {}  # slot -> the request's draws (sampled slots)
 
     def reset(
         self, slots: Sequence[int], params: Sequence[Sampling], histories: Sequence[Sequence[int]]
@@ -86,7 +112,7 @@ class SlotSampler:
         for slot, p, g in zip(slots, params, greedy, strict=True):
             self.generators.pop(slot, None)
             if not g:
-                self.generators[slot] = request_generator(p.seed)
+                self.generators[slot] = UniformDraws(request_generator(p.seed))
 
     def release(self, slot: int) -> None:
         self.generators.pop(slot, None)
@@ -94,8 +120,11 @@ class SlotSampler:
     def draws(self, slots: Sequence[int], rows: int) -> torch.Tensor:
         """One uniform per row [rows] (float32, on the device): from each sampled slot's generator, 0
         for greedy slots and padding rows."""
-        u = [float(torch.rand((), generator=g)) if (g := self.generators.get(s)) else 0.0 for s in slots]
-        return to_device(u + [0.0] * (rows - len(slots)), self.device, torch.float32)
+        u = np.zeros(rows, dtype=np.float32)
+        for b, slot in enumerate(slots):
+            if (draws := self.generators.get(slot)) is not None:
+                u[b] = draws.take()
+        return to_device(torch.from_numpy(u), self.device, torch.float32)
 
     def sample(
         self, logits: torch.Tensor, slot_idx: torch.Tensor, u: torch.Tensor, draw: bool = True

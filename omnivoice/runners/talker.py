@@ -133,7 +133,8 @@ class TalkerRunner:
             seq = self._new_seq(msg, msg.request)
             self.seqs[msg.request_id] = seq
         if msg.token_ids:
-            seq.text.extend(self._t(msg.token_embeds))
+            # host rows, copied out of the message: a step's inputs go to the device together
+            seq.text.extend(np.array(msg.token_embeds))
         if msg.finished:
             seq.text_done = True
             if not seq.text and seq.slot < 0:
@@ -194,9 +195,6 @@ class TalkerRunner:
         return outs + self._read_back(keep)
 
     # ---- internals ---------------------------------------------------------------------------
-    def _t(self, a: np.ndarray) -> list[torch.Tensor]:
-        return list(to_device(torch.from_numpy(np.asarray(a)), self.device, self.dtype))
-
     def _new_seq(self, msg: ThinkerChunk, request: GenerationRequest) -> TalkerSeq:
         user_part, role_embeds = self.talker_inputs.user_part(msg)
         seq = TalkerSeq(

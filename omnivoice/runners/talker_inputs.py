@@ -101,20 +101,28 @@ class TalkerInputs:
         )
         return torch.cat([user_part, text_part + codec_part])  # TALKER_PROMPT_EXTRA rows after the user's
 
-    def trailing(self, rows: Sequence[tuple[Sequence[torch.Tensor], int]]) -> torch.Tensor:
+    def trailing(self, rows: Sequence[tuple[Sequence[np.ndarray], int]]) -> torch.Tensor:
         """[B, Ht]: for each (forwarded text embeddings, step) row, its next trailing text embedding
-        (the projected text, then tts_eos, then tts_pad)."""
-        out: list[torch.Tensor | None] = []
-        texts: list[torch.Tensor] = []
+        (the projected text, then tts_eos, then tts_pad). The text embeddings are host rows [Hth];
+        those a step needs go to the device together, in one copy, and through one projection."""
+        texts: list[np.ndarray] = []
+        pick: list[int] = []  # each row's place in [projected texts..., tts_eos, tts_pad]
         for text, step in rows:
             j = step + 1  # trailing_text_hidden[step] is the projection of forwarded token step + 1
             if j < len(text):
+                pick.append(len(texts))
                 texts.append(text[j])
-                out.append(None)
             else:
-                out.append(self.tts_eos if j == len(text) else self.tts_pad)
-        projected = iter(self.model.text_projection(torch.stack(texts)) if texts else ())
-        return torch.stack([next(projected) if r is None else r for r in out])
+                pick.append(-2 if j == len(text) else -1)
+        ends = torch.stack([self.tts_eos, self.tts_pad])  # [2, Ht]
+        if texts:
+            ends = torch.cat([self.model.text_projection(self.host_rows(np.stack(texts))), ends])
+        index = [i if i >= 0 else ends.shape[0] + i for i in pick]
+        return ends[to_device(index, self.device)]  # [B, Ht]
+
+    def host_rows(self, a: np.ndarray) -> torch.Tensor:
+        """Host rows of thinker embeddings [n, Hth] on the device, in the talker's dtype."""
+        return to_device(torch.from_numpy(np.asarray(a)), self.device, self.dtype)
 
     def _rows(self, a: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
         return to_device(torch.from_numpy(np.asarray(a)[rows.numpy()]), self.device, self.dtype)

@@ -18,7 +18,8 @@ from omnivoice.runners.transfer import to_device
 
 def prompt_inputs(inputs: TalkerInputs, seq: TalkerSeq, max_seq_len: int) -> torch.Tensor:
     """The talker's prompt for a request [P, Ht]; ValueError if it leaves no room for a frame."""
-    prompt = inputs.prompt(seq.user_part, seq.role_embeds, seq.text[0], seq.request.voice)
+    first_text = inputs.host_rows(seq.text[0][None])[0]
+    prompt = inputs.prompt(seq.user_part, seq.role_embeds, first_text, seq.request.voice)
     if prompt.shape[0] + 2 > max_seq_len:
         raise ValueError(
             f"talker context of {prompt.shape[0]} positions leaves no room for audio in its "

@@ -9,11 +9,12 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from omnivoice.config import TalkerStage
 from omnivoice.runners.priority import Playback
-from omnivoice.runners.slot_sampling import request_generator
+from omnivoice.runners.slot_sampling import UniformDraws, request_generator
 from omnivoice.runners.transfer import to_device
 from omnivoice.types import GenerationRequest, Sampling
 
@@ -27,7 +28,7 @@ class TalkerSeq:
     request: GenerationRequest
     user_part: torch.Tensor  # [U, Ht] projected user turns
     role_embeds: torch.Tensor  # [3, Hth] thinker embeddings of "<|im_start|>assistant\n"
-    text: list[torch.Tensor] = field(default_factory=list)  # thinker embeddings of forwarded tokens
+    text: list[np.ndarray] = field(default_factory=list)  # thinker embeddings of forwarded tokens [Hth]
     text_done: bool = False
     slot: int = -1
     max_tokens: int = 0  # codebook-0 tokens it may sample (the last one never gets its frame)
@@ -35,7 +36,7 @@ class TalkerSeq:
     step: int = 0  # transformers' generation_step: index into the trailing text
     frames: int = 0  # frames handed on
     playback: Playback = field(default_factory=Playback)  # its frames: those handed on
-    residual_rng: torch.Generator | None = None  # the code predictor's draws
+    residual_rng: UniformDraws | None = None  # the code predictor's draws
     # a prompt with images: the rotary positions of the talker's prompt [3, >= P] and the shift after it
     rope: torch.Tensor | None = None
     rope_delta: int = 0
@@ -111,11 +112,13 @@ def residual_draws(
     talker samples and greedy when it does not. Each request draws from its own generator.
     """
     greedy = [s.request.talker.temperature <= 0 for s in seqs] + [True] * (rows - len(seqs))
-    uniforms = torch.zeros(rows, groups)
+    uniforms = np.zeros((rows, groups), dtype=np.float32)
     for b, s in enumerate(seqs):
         if not greedy[b]:
             if s.residual_rng is None:
                 seed = s.request.talker.seed
-                s.residual_rng = request_generator(None if seed is None else seed + 1)
-            uniforms[b] = torch.rand(groups, generator=s.residual_rng)
-    return to_device(uniforms, device, torch.float32), to_device(greedy, device, torch.bool)
+                s.residual_rng = UniformDraws(
+                    request_generator(None if seed is None else seed + 1), (groups,)
+                )
+            uniforms[b] = s.residual_rng.take()
+    return to_device(torch.from_numpy(uniforms), device, torch.float32), to_device(greedy, device, torch.bool)

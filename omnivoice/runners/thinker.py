@@ -274,10 +274,13 @@ class ThinkerRunner:
         embeds = self.embed(self.tokens[slot_idx][:, None])  # [R, 1, H]: each row's last token
         accept = self.spec.accept_hidden_layer
         h, kept = self.decode_step(embeds, slots, slot_idx)
-        for b, s in enumerate(seqs):
-            if s.request.cache_key:
-                s.embeds.append(embeds[b])
-                s.hidden.append(kept[accept][b : b + 1])
+        keyed = [b for b, s in enumerate(seqs) if s.request.cache_key]
+        if keyed:
+            # each row's [1, H] views from one unbind apiece, not two Python indexings per request
+            embed_rows, hidden_rows = embeds.unbind(0), kept[accept][:, None].unbind(0)
+            for b in keyed:
+                seqs[b].embeds.append(embed_rows[b])
+                seqs[b].hidden.append(hidden_rows[b])
         logits = self.model.lm_head(h)  # [B, V]
         self._last_batch = len(seqs)
         self._sample(seqs, logits, slot_idx[: len(seqs)])

@@ -1,5 +1,6 @@
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 import pytest
@@ -63,3 +64,52 @@ def test_local_connector_drain_and_timeout() -> None:
     assert c.get(timeout=0) == 0
     assert c.drain() == [1, 2]
     assert c.drain() == []
+
+
+@pytest.mark.parametrize("size", [4, 200_000])
+def test_shm_put_many_arrives_in_order_across_processes(size: int) -> None:
+    before = _shm_segments()
+    ctx = mp.get_context("spawn")
+    a, b = ShmConnector(ctx), ShmConnector(ctx)
+    p = ctx.Process(target=_echo, args=(a, b))
+    p.start()
+    try:
+        rng = np.random.default_rng(1)
+        embeds = [rng.standard_normal((size // 64 + 1, 64)).astype(np.float32) for _ in range(3)]
+        a.put_many([ThinkerChunk(f"r{i}", (i,), e, False) for i, e in enumerate(embeds)])
+        a.put_many([])
+        a.put(CodecChunk("r9", np.zeros((16, 1), dtype=np.int64), True))
+        got = [b.get(timeout=20) for _ in range(4)]
+        assert [m.request_id for m in got] == ["r0", "r1", "r2", "r9"]
+        for m, e in zip(got[:3], embeds, strict=True):
+            np.testing.assert_array_equal(m.token_embeds, e)
+            m.token_embeds[0, 0] = 1.0  # arrays come out writable
+        a.put("stop")
+    finally:
+        p.join(20)
+        a.close()
+        b.close()
+    assert _shm_segments() - before == set(), "shared-memory segments leaked"
+
+
+def test_shm_drain_hands_out_every_message_of_a_batch() -> None:
+    c = ShmConnector()
+    try:
+        c.put_many([CodecChunk(f"r{i}", np.zeros((16, 1), dtype=np.int64), False) for i in range(3)])
+        c.put_many([CodecChunk("r3", np.zeros((16, 1), dtype=np.int64), True)])
+        first = c.get(timeout=5)
+        rest = [m.request_id for m in c.drain()]
+        deadline = time.monotonic() + 10
+        while len(rest) < 3 and time.monotonic() < deadline:  # the second item may still be on its way
+            rest += [m.request_id for m in c.drain()]
+        assert first is not None and first.request_id == "r0"
+        assert rest == ["r1", "r2", "r3"]
+    finally:
+        c.close()
+
+
+def test_local_connector_put_many_keeps_order() -> None:
+    c = LocalConnector()
+    c.put_many([1, 2])
+    c.put(3)
+    assert c.drain() == [1, 2, 3]

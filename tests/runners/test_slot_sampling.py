@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from omnivoice.runners.graphs import StepGraphs
-from omnivoice.runners.slot_sampling import SlotSampler
+from omnivoice.runners.slot_sampling import SlotSampler, UniformDraws
 from omnivoice.types import Sampling
 from tests.support.host_sampling import RequestSampler, process_rows, sample_rows
 
@@ -100,3 +101,12 @@ def test_sampling_replays_from_a_cuda_graph_as_it_runs_eagerly() -> None:
 
 def _one_output(sampler: SlotSampler):
     return lambda **tensors: (sampler.sample(**tensors),)
+
+
+@pytest.mark.parametrize("shape", [(), (15,)])
+def test_draws_taken_in_blocks_are_the_draws_of_one_call_a_step(shape: tuple[int, ...]) -> None:
+    ours = UniformDraws(torch.Generator().manual_seed(5), shape, block=8)
+    gen = torch.Generator().manual_seed(5)
+    for step in range(20):  # across block boundaries
+        expected = torch.rand(shape, generator=gen).numpy()
+        assert np.array_equal(ours.take(), expected), f"step {step}"

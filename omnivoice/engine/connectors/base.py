@@ -10,6 +10,10 @@ class Connector(Protocol):
         """Send one message; never blocks for long (queues are unbounded, the scheduler bounds work)."""
         ...
 
+    def put_many(self, msgs: list[Any]) -> None:
+        """Send `msgs` in order, as cheaply as the transport allows (one transfer where it can)."""
+        ...
+
     def get(self, timeout: float | None) -> Any | None:
         """Next message, waiting up to `timeout` seconds (None: forever); None if nothing came."""
         ...

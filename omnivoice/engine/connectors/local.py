@@ -13,6 +13,10 @@ class LocalConnector:
     def put(self, msg: Any) -> None:
         self._q.put(msg)
 
+    def put_many(self, msgs: list[Any]) -> None:
+        for msg in msgs:
+            self._q.put(msg)
+
     def get(self, timeout: float | None) -> Any | None:
         try:
             return self._q.get(timeout=timeout)

@@ -2,8 +2,11 @@
 shared memory.
 
 Messages are pickled with protocol 5 so numpy arrays become out-of-band buffers. Payloads above
-`inline_limit` bytes are copied into one fresh shared-memory segment per message; the reader copies
-them out and unlinks the segment at once, so a segment lives only while its message is in flight.
+`inline_limit` bytes are copied into one fresh shared-memory segment per item put; the reader copies
+them out and unlinks the segment at once, so a segment lives only while its item is in flight. A
+stage step's outputs for one destination go as one item (`put_many`): what a message costs to send
+(a pickle, a queue hop through the feeder thread and the pipe, the reader's lock and unpickle) is
+then paid once per step, not once per request.
 Segments are named after the process that made the connector (`process_stats.shm_prefix`), so the
 server can count its own in /dev/shm (a leak check).
 """
@@ -14,6 +17,7 @@ import multiprocessing as mp
 import pickle
 import queue
 import secrets
+from collections import deque
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
@@ -27,16 +31,25 @@ class ShmConnector:
         self._q = ctx.Queue()
         self._inline_limit = inline_limit
         self._prefix = shm_prefix()  # the creating (server) process's, also in the stage processes
+        # the reader's: messages of an item taken off the queue that `get` has not handed out yet
+        self._pending: deque[Any] = deque()
 
     def put(self, msg: Any) -> None:
+        self._q.put(self._encode(msg, False))
+
+    def put_many(self, msgs: list[Any]) -> None:
+        """Send `msgs`, in order, as one item: one pickle, one segment and one queue hop for all."""
+        if msgs:
+            self._q.put(self._encode(msgs, True))
+
+    def _encode(self, obj: Any, many: bool) -> tuple[bytes, str | None, list[Any], bool]:
         buffers: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(msg, protocol=5, buffer_callback=buffers.append)
+        data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
         raws = [b.raw() for b in buffers]
         sizes = [r.nbytes for r in raws]
         total = sum(sizes)
         if total <= self._inline_limit:
-            self._q.put((data, None, [bytes(r) for r in raws]))
-            return
+            return data, None, [bytes(r) for r in raws], many
         shm = SharedMemory(name=self._prefix + secrets.token_hex(8), create=True, size=total)
         # the reader unlinks it; stop this process's tracker from unlinking it again at exit
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
@@ -47,10 +60,15 @@ class ShmConnector:
             offset += r.nbytes
         name = shm.name
         shm.close()
-        self._q.put((data, name, sizes))
+        return data, name, sizes, many
 
-    def _decode(self, item: tuple[bytes, str | None, list[Any]]) -> Any:
-        data, name, payload = item
+    def _decode(self, item: tuple[bytes, str | None, list[Any], bool]) -> list[Any]:
+        """The messages of one queue item (several when it was sent by `put_many`)."""
+        data, name, payload, many = item
+        obj = self._load(data, name, payload)
+        return obj if many else [obj]
+
+    def _load(self, data: bytes, name: str | None, payload: list[Any]) -> Any:
         if name is None:
             # bytearray: arrays that come out of the pickle stay writable
             return pickle.loads(data, buffers=[bytearray(b) for b in payload])
@@ -69,20 +87,23 @@ class ShmConnector:
         return pickle.loads(data, buffers=views)
 
     def get(self, timeout: float | None) -> Any | None:
-        try:
-            item = self._q.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        return self._decode(item)
+        if not self._pending:
+            try:
+                item = self._q.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            self._pending.extend(self._decode(item))
+        return self._pending.popleft()
 
     def drain(self) -> list[Any]:
-        out: list[Any] = []
+        out = list(self._pending)
+        self._pending.clear()
         while True:
             try:
                 item = self._q.get_nowait()
             except queue.Empty:
                 return out
-            out.append(self._decode(item))
+            out.extend(self._decode(item))
 
     def flush(self) -> None:
         """Wait until what this process put is in the pipe (its feeder thread sends it in the
