@@ -10,6 +10,8 @@ On CUDA devices with Triton, the layers run as `predictor_kernels` (five kernels
 instead of ~17 torch kernels: at a few dozen rows a frame costs what its kernel launches and weight
 reads cost, so fewer kernels make a faster frame (BENCHMARKS.md compares the two). Even so, the code
 predictor is a large part of a talker step.
+
+On the CPU nothing is captured, so a frame there runs at exact shapes instead (`predictor_exact`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from omnivoice.runners.decoder import DecoderStack
 from omnivoice.runners.fused_layers import CompiledFn
 from omnivoice.runners.graphs import StepGraphs
+from omnivoice.runners.predictor_exact import CodeFn, ExactFrame, code_fn
 from omnivoice.runners.residual_sampling import residual_code
 
 log = logging.getLogger(__name__)
@@ -37,10 +40,13 @@ class CodePredictor:
         graphs: bool = False,
         compile: bool = False,
         kernels: bool | None = None,
+        exact: bool | None = None,
     ) -> None:
         """`kernels`: run the layers as `predictor_kernels` (null: on CUDA devices where Triton is
         installed and the layers are of a shape the kernels take; true: required, also on the CPU
-        under Triton's interpreter, for tests; false: the torch layers)."""
+        under Triton's interpreter, for tests; false: the torch layers). `exact`: frames at exact
+        shapes (`predictor_exact`; null: on the CPU with the torch layers; false: the fixed-shape
+        frame there too, as the benchmark compares)."""
         self.module = module
         self.stack = DecoderStack(module.model, multimodal_rope=False)
         if device.type == "cuda" or kernels:
@@ -53,6 +59,11 @@ class CodePredictor:
         self.cache = self.stack.make_cache(max_batch, self.groups + 1, module.dtype, device)
         self.device = device
         self.kernels = self._layer_kernels(kernels, max_batch) if device.type == "cuda" or kernels else None
+        if exact is None:
+            exact = device.type == "cpu" and self.kernels is None
+        if exact and (device.type != "cpu" or graphs or self.kernels is not None):
+            raise ValueError("exact-shape frames run on the CPU with the torch layers, never captured")
+        self.exact = ExactFrame(self.stack, self.cache) if exact else None
         self.run = StepGraphs(self._frame, "code predictor", enabled=graphs)
         self._code: Any = residual_code
         if self.kernels is not None:
@@ -109,13 +120,18 @@ class CodePredictor:
     def _frame(
         self, hidden: torch.Tensor, code0: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        layers = self.kernels or _TorchFrame(self.stack, self.cache, hidden.shape[0], hidden.device)
+        layers: _TorchFrame | _KernelFrame | ExactFrame
+        pick: CodeFn = self._code
+        if self.exact is not None:
+            layers, pick = self.exact, code_fn(greedy)
+        else:
+            layers = self.kernels or _TorchFrame(self.stack, self.cache, hidden.shape[0], hidden.device)
         h = layers.first(torch.stack([hidden, code0], dim=1))
         codes: list[torch.Tensor] = []
         embeds: list[torch.Tensor] = []
         for k in range(self.groups - 1):
             head, table = self.heads[k].weight, self.embeds[k].weight
-            code, embed = self._code(h, head, table, uniforms[:, k], greedy)
+            code, embed = pick(h, head, table, uniforms[:, k], greedy)
             codes.append(code)  # [B]
             embeds.append(embed)  # [B, Ht]
             if k == self.groups - 2:

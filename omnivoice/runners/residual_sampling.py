@@ -27,9 +27,14 @@ def residual_code(
 
 
 def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """One residual code per row: argmax where `greedy`, else transformers' top-k 50 then top-p 0.8 at
-    temperature 1, drawn by inverse CDF with the row's uniform `u` [B]. Device ops only, on the 50
-    best codes rather than the whole codebook (a handful of tiny kernels per code)."""
+    """One residual code per row: argmax where `greedy`, else `draw_residual` with the row's uniform
+    `u` [B]. Device ops only (a handful of tiny kernels per code)."""
+    return torch.where(greedy, logits.argmax(-1), draw_residual(logits, u))
+
+
+def draw_residual(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One code per row drawn from transformers' top-k 50 then top-p 0.8 at temperature 1, by inverse
+    CDF with the row's uniform `u` [B]; on the 50 best codes rather than the whole codebook."""
     scores = logits.float()
     top, index = torch.topk(scores, min(TOP_K, scores.shape[-1]), dim=-1)  # descending
     top, index = top.flip(-1), index.flip(-1)  # ascending, as transformers' top-p sorts
@@ -38,5 +43,4 @@ def sample_residual(logits: torch.Tensor, u: torch.Tensor, greedy: torch.Tensor)
     drop[:, -1] = False  # always keep the most likely code
     cdf = top.masked_fill(drop, float("-inf")).softmax(-1).cumsum(-1)  # [B, K]
     pick = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).contiguous(), right=True)
-    drawn = index.gather(1, pick.clamp_max(cdf.shape[-1] - 1))[:, 0]
-    return torch.where(greedy, logits.argmax(-1), drawn)
+    return index.gather(1, pick.clamp_max(cdf.shape[-1] - 1))[:, 0]
