@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 LAG = "omnivoice_event_loop_lag_seconds"
+INTAKE = "omnivoice_realtime_intake_lag_seconds"
 STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
 
 
@@ -64,10 +65,15 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 
 def loop_lag(before: Samples, after: Samples) -> dict[str, float | None]:
     """The event loop's lag over the run, in ms."""
-    b, a = before.get(f"{LAG}_bucket", {}), after.get(f"{LAG}_bucket", {})
+    return histogram_ms(before, after, LAG)
+
+
+def histogram_ms(before: Samples, after: Samples, name: str) -> dict[str, float | None]:
+    """Histogram `name` (in seconds) over the run: its samples, and its mean and quantiles in ms."""
+    b, a = before.get(f"{name}_bucket", {}), after.get(f"{name}_bucket", {})
     buckets = sorted((float(dict(k)["le"]), v - b.get(k, 0.0)) for k, v in a.items())
-    count = (_one(after, f"{LAG}_count") or 0.0) - (_one(before, f"{LAG}_count") or 0.0)
-    total = (_one(after, f"{LAG}_sum") or 0.0) - (_one(before, f"{LAG}_sum") or 0.0)
+    count = (_one(after, f"{name}_count") or 0.0) - (_one(before, f"{name}_count") or 0.0)
+    total = (_one(after, f"{name}_sum") or 0.0) - (_one(before, f"{name}_sum") or 0.0)
     out: dict[str, float | None] = {"samples": count, "mean_ms": 1e3 * total / count if count else None}
     for q in (50, 95, 99):
         value = quantile(q / 100, buckets)
@@ -115,6 +121,8 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
             "after": _one(after, "omnivoice_engine_capacity_streams"),
         },
         "front_door": front_door(before, after, seconds),
+        # how far behind its caller each session handled its audio (the backlog after each append)
+        "intake_lag": histogram_ms(before, after, INTAKE),
         "server_process_cores": _rate(before, after, "process_cpu_seconds_total", seconds),
     }
 
@@ -162,6 +170,14 @@ def format_lines(b: dict[str, Any]) -> list[str]:
             f"{'front door':<28} {f(door['appends'])} appends, batch {f(door['mean_batch'], digits=1)}, "
             f"busy {f(door['busy_share'], 100)} %, wait {f(door['wait_ms_per_append'], digits=1)} ms; "
             f"server process {f(b.get('server_process_cores'), digits=2)} cores",
+        )
+    intake = b.get("intake_lag") or {}
+    if intake.get("samples"):
+        lines.insert(
+            2,
+            f"{'audio intake behind, ms':<28} mean {f(intake['mean_ms'], digits=1)}, "
+            f"p50 {f(intake['p50_ms'], digits=1)}, p95 {f(intake['p95_ms'], digits=1)}, "
+            f"p99 {f(intake['p99_ms'], digits=1)}",
         )
     for name, s in b["stages"].items():
         lines.append(

@@ -33,7 +33,7 @@ from omnivoice.server.chat.endpoint import chat_completions
 from omnivoice.server.debug_state import debug_state, snapshot
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
-from omnivoice.server.front_door_metrics import FrontDoorCollector
+from omnivoice.server.front_door_metrics import FrontDoorCollector, IntakeCollector
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.listener import server_config
 from omnivoice.server.memory_trim import MemoryTrimmer
@@ -142,6 +142,7 @@ def create_app(
     )
     app.state.metrics.registry.register(TurnModelCollector(realtime.judge.stats))
     app.state.metrics.registry.register(FrontDoorCollector(front_door))
+    app.state.metrics.registry.register(IntakeCollector(realtime.intake))
     return app
 
 

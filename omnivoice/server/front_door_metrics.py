@@ -1,14 +1,16 @@
 """/metrics of the front door (audio/front_door.py), read at scrape time: its ticks, the appends they
-scored, the time its workers were busy and the time the appends waited for a worker."""
+scored, the time its workers were busy and the time the appends waited for a worker; and how far
+behind their callers the sessions handle their audio (session/intake.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from omnivoice.audio.front_door import FrontDoor
+from omnivoice.server.session.intake import LAG_BUCKETS, IntakeStats
 
 
 class FrontDoorCollector(Collector):
@@ -30,3 +32,22 @@ class FrontDoorCollector(Collector):
             family = CounterMetricFamily(f"omnivoice_front_door_{key}", doc)
             family.add_metric([], value)
             yield family
+
+
+class IntakeCollector(Collector):
+    def __init__(self, stats: IntakeStats) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats
+        lag = HistogramMetricFamily(
+            "omnivoice_realtime_intake_lag_seconds",
+            "How far behind real time a session had handled its caller's audio, after each append",
+        )
+        counts = zip(LAG_BUCKETS, s.buckets, strict=True)
+        buckets = [(f"{bound:g}", float(n)) for bound, n in counts]
+        lag.add_metric([], [*buckets, ("+Inf", float(s.appends))], s.lag_sum_s)
+        yield lag

@@ -71,6 +71,7 @@ def test_front_door_and_server_cpu_over_the_run() -> None:
         "wait_ms_per_append": pytest.approx(2.0),
     }
     assert b["server_process_cores"] == pytest.approx(1.5)
+    assert b["intake_lag"]["samples"] == 0 and b["intake_lag"]["p50_ms"] is None  # none exported
     # a server without a front door (or an older one) reports none
     plain = breakdown(scrape([1, 1, 1], 1, 0.5, 1), scrape([1, 1, 2], 2, 1, 2), seconds=10.0)
     assert plain is not None and plain["front_door"]["appends"] is None

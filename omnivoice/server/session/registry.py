@@ -29,6 +29,7 @@ from omnivoice.server.auth.limits import KeyLimits, RateLimited, SessionLease
 from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, EngineLifecycle, Slot
 from omnivoice.server.session.end_of_turn import TurnJudge
+from omnivoice.server.session.intake import IntakeStats
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
 from omnivoice.server.session.speculation import SpeculationStats
@@ -77,6 +78,7 @@ class Sessions:
         self._vad_lock = asyncio.Lock()
         self.front_door = front_door if front_door is not None else FrontDoor(workers=0)
         self.speculation = SpeculationStats()
+        self.intake = IntakeStats()  # how far behind their callers the sessions handle audio
         self.judge = TurnJudge(
             threads=self.config.turn_model_threads, runs=self.config.turn_model_runs
         )  # loaded once semantic_vad is used
@@ -166,6 +168,7 @@ class Ticket:
             speculation=sessions.speculation,
             judge=sessions.judge,
             front_door=sessions.front_door,
+            intake=sessions.intake,
         )
         self.session = session  # closed by `close` even if its settings are refused
         if settings:

@@ -36,6 +36,7 @@ from omnivoice.server.session.conversation import INPUT_RATE, Conversation, Item
 from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.generation import ResponsePlan
 from omnivoice.server.session.input_audio import InputBuffer, SpeechPaused, SpeechResumed, SpeechStarted
+from omnivoice.server.session.intake import IntakeClock, IntakeStats
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.planning import plan_response
 from omnivoice.server.session.prompting import build_prompt
@@ -70,6 +71,7 @@ class Session:
         speculation: SpeculationStats | None = None,
         judge: TurnJudge | None = None,
         front_door: FrontDoor | None = None,
+        intake: IntakeStats | None = None,
     ) -> None:
         self.id = session_id
         self.engine = engine
@@ -95,6 +97,7 @@ class Session:
             judge=judge,
             front_door=front_door,
         )
+        self._intake = IntakeClock(intake if intake is not None else IntakeStats(), INPUT_RATE)
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
         self.transcriber = Transcriber(session_id, engine, outbox, tokens, self.conversation.featurizing)
@@ -209,7 +212,9 @@ class Session:
         """Append mono float32 audio at 16 kHz (or audio that `convert` turns into that, off the event
         loop: `Turns.append`) and act on the turns it starts or ends. The WebSocket's
         `input_audio_buffer.append`, WebRTC and Twilio feed their audio here."""
-        for ev in await self.turns.append(pcm, event_id, convert):
+        events = await self.turns.append(pcm, event_id, convert)
+        self._intake.handled(self.turns.buffer.end)  # how far behind the caller the session is
+        for ev in events:
             if isinstance(ev, SpeechStarted):
                 self.turns.speech_started(ev.position)
                 await self._speech_started()

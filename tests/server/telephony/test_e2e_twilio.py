@@ -84,6 +84,9 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
     metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
     appends = re.search(r"^omnivoice_front_door_appends_total (\S+)$", metrics, re.M)
     assert appends is not None and float(appends[1]) >= jobs + 50
+    # each of them moved the session's intake clock, exported as a histogram
+    intake = re.search(r"^omnivoice_realtime_intake_lag_seconds_count (\S+)$", metrics, re.M)
+    assert intake is not None and float(intake[1]) >= 50
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
     assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
     assert [i.role for i in session.conversation.items] == ["user", "assistant"]
