@@ -43,6 +43,8 @@ BUDGET=${BUDGET:-520}
 t_call=$(date +%s)
 mkdir -p "$STATE/r"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the GPU image has no aiortc or PyAV: the server imports stand-ins there (WebRTC is not served)
+python3 -c "import aiortc, av" 2>/dev/null || { mkdir -p /tmp/site && cp -r benchmarks/gpu/stubs/aiortc benchmarks/gpu/stubs/av /tmp/site/; }
 pack() { mkdir -p "$OUT" && (cd "$STATE" && tar czf "$OUT/r.tgz.part" r && mv "$OUT/r.tgz.part" "$OUT/r.tgz"); }
 healthy() { python3 -c "import urllib.request as u; u.urlopen('$URL/health', timeout=2)" 2>/dev/null; }
 alive() { [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; }

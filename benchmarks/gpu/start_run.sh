@@ -18,6 +18,8 @@ if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the GPU image has no aiortc or PyAV: the server imports stand-ins there (WebRTC is not served)
+python3 -c "import aiortc, av" 2>/dev/null || { mkdir -p /tmp/site && cp -r benchmarks/gpu/stubs/aiortc benchmarks/gpu/stubs/av /tmp/site/; }
 PHASE=${PHASE:-cold}
 PROFILE=${PROFILE:-configs/h200-dummy.yaml}
 PORT=${PORT:-8000}
