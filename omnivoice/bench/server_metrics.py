@@ -127,21 +127,25 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
     }
 
 
-def _rate(before: Samples, after: Samples, name: str, seconds: float) -> float | None:
+def _delta(before: Samples, after: Samples, name: str) -> float | None:
+    """Unlabelled sample `name`'s change over the run; None if either scrape lacks it."""
     a, b = _one(after, name), _one(before, name)
-    return None if a is None or b is None or seconds <= 0 else (a - b) / seconds
+    return None if a is None or b is None else a - b
+
+
+def _rate(before: Samples, after: Samples, name: str, seconds: float) -> float | None:
+    change = _delta(before, after, name)
+    return None if change is None or seconds <= 0 else change / seconds
 
 
 def front_door(before: Samples, after: Samples, seconds: float) -> dict[str, float | None]:
     """The front door's work over the run: appends scored, the mean batch, the share of the run its
     workers were busy (summed over workers) and how long an append waited for a worker."""
 
-    def delta(key: str) -> float | None:
-        name = f"omnivoice_front_door_{key}_total"
-        a, b = _one(after, name), _one(before, name)
-        return None if a is None or b is None else a - b
-
-    ticks, appends, busy, wait = (delta(k) for k in ("ticks", "appends", "busy_seconds", "wait_seconds"))
+    ticks, appends, busy, wait = (
+        _delta(before, after, f"omnivoice_front_door_{k}_total")
+        for k in ("ticks", "appends", "busy_seconds", "wait_seconds")
+    )
     return {
         "appends": appends,
         "mean_batch": appends / ticks if appends is not None and ticks else None,

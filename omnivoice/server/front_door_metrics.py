@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from omnivoice.audio.front_door import FrontDoor
+from omnivoice.server.metrics import histogram_family
 from omnivoice.server.session.intake import LAG_BUCKETS, IntakeStats
 
 
@@ -43,11 +44,11 @@ class IntakeCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats
-        lag = HistogramMetricFamily(
+        yield histogram_family(
             "omnivoice_realtime_intake_lag_seconds",
             "How far behind real time a session had handled its caller's audio, after each append",
+            LAG_BUCKETS,
+            s.buckets,
+            s.appends,
+            s.lag_sum_s,
         )
-        counts = zip(LAG_BUCKETS, s.buckets, strict=True)
-        buckets = [(f"{bound:g}", float(n)) for bound, n in counts]
-        lag.add_metric([], [*buckets, ("+Inf", float(s.appends))], s.lag_sum_s)
-        yield lag

@@ -20,7 +20,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from omnivoice.server.loop_lag import LoopLag
@@ -31,6 +31,17 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 # Values of the `status` label of omnivoice_requests_total.
 STATUSES = ("ok", "cancelled", "error", "invalid", "rejected", "unavailable")
+
+
+def histogram_family(
+    name: str, doc: str, bounds: tuple[float, ...], counts: list[int], total: int, sum_s: float
+) -> HistogramMetricFamily:
+    """A histogram kept as cumulative `counts` per upper bound in `bounds` (plus `total` and its
+    `sum_s`), as Prometheus reads one."""
+    family = HistogramMetricFamily(name, doc)
+    buckets = [(f"{bound:g}", float(n)) for bound, n in zip(bounds, counts, strict=True)]
+    family.add_metric([], [*buckets, ("+Inf", float(total))], sum_s)
+    return family
 
 
 class EngineStatsCollector(Collector):

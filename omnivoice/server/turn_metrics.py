@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from omnivoice.server.metrics import histogram_family
 from omnivoice.server.session.end_of_turn import LATENCY_BUCKETS, JudgeStats
 
 
@@ -21,14 +22,14 @@ class TurnModelCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self._stats
-        latency = HistogramMetricFamily(
+        yield histogram_family(
             "omnivoice_turn_model_pause_seconds",
             "semantic_vad: a pause's wait for the end-of-turn model's score (queue, features, model)",
+            LATENCY_BUCKETS,
+            s.latency_buckets,
+            s.pauses,
+            s.latency_sum_s,
         )
-        counts = zip(LATENCY_BUCKETS, s.latency_buckets, strict=True)
-        buckets = [(f"{bound:g}", float(n)) for bound, n in counts]
-        latency.add_metric([], [*buckets, ("+Inf", float(s.pauses))], s.latency_sum_s)
-        yield latency
         described = (
             ("runs", s.runs, "Runs of the end-of-turn model (each scores a batch of pauses)"),
             ("run_seconds", s.run_seconds, "Seconds the end-of-turn model's runs took"),
