@@ -245,19 +245,29 @@ def run_in_processes(
         proc.start()
         child.close()
         started.append((proc, parent, indices))
-    for _, conn, _ in started:
-        conn.recv()  # ready: imported and waiting
-    start_at = time.monotonic() + 0.2
-    for _, conn, _ in started:
-        conn.send(start_at)
     records: list[TurnRecord] = []
-    end = start_at
+    ready: list[tuple[Any, Connection, list[int]]] = []
     for proc, conn, indices in started:
+        try:
+            conn.recv()  # ready: imported and waiting
+            ready.append((proc, conn, indices))
+        except (EOFError, OSError) as e:  # it died while starting
+            records.extend(_failed(indices, e))
+            proc.join(timeout=10)
+    start_at = time.monotonic() + 0.2
+    for _, conn, _ in ready:
+        conn.send(start_at)
+    end = start_at
+    for proc, conn, indices in ready:
         try:
             shard_records, shard_end = conn.recv()
             records.extend(shard_records)
             end = max(end, shard_end)
         except (EOFError, OSError) as e:
-            records.extend(TurnRecord(i, -1, error=f"client process failed: {e!r}") for i in indices)
+            records.extend(_failed(indices, e))
         proc.join(timeout=10)
     return records, end - start_at
+
+
+def _failed(indices: list[int], e: BaseException) -> list[TurnRecord]:
+    return [TurnRecord(i, -1, error=f"client process failed: {e!r}") for i in indices]
