@@ -59,6 +59,14 @@ class StageActor:
         from omnivoice.runners.factory import build_runners
 
         configure_logging(self.profile.server.log_level)
+        if (nice := os.nice(0)) > 0:  # a cluster started without RAY_worker_niceness=0 (Ray's own is 15)
+            log.warning(
+                "%s stage (replica %d) runs at niceness %d: any other load on its node starves it; "
+                "start the Ray cluster with RAY_worker_niceness=0",
+                self.name,
+                self.replica,
+                nice,
+            )
         profile = _on_assigned_gpu(self.profile, self.name, self.replica)
         try:
             runner = build_runners(profile, self.model_path, only=((self.name, self.replica),))
@@ -134,6 +142,9 @@ class RayStages:
                 namespace=cfg.namespace,
                 num_cpus=max(os.cpu_count() or 1, int(needed)),
                 include_dashboard=False,
+                # Ray starts its workers at niceness 15, so on a busy node anything else (the server
+                # itself) takes their CPU and a stage actor's start or step waits minutes
+                _system_config={"worker_niceness": 0},
             )
             self.started_cluster = True
             log.info("started a local Ray cluster")

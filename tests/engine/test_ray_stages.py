@@ -98,7 +98,14 @@ def test_private_cluster_and_its_queues_come_and_go() -> None:
 
 @pytest.fixture
 def ray_cluster():
-    ray.init(num_cpus=6, include_dashboard=False, namespace="omnivoice-tests")
+    # workers at niceness 0, as the engine's own private cluster starts them: at Ray's default (15)
+    # the other tests running beside this one starve the stage actors for minutes
+    ray.init(
+        num_cpus=6,
+        include_dashboard=False,
+        namespace="omnivoice-tests",
+        _system_config={"worker_niceness": 0},
+    )
     yield
     ray.shutdown()
 
@@ -118,6 +125,7 @@ async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
         assert not eng._pipeline.ray.started_cluster  # it joined the test's cluster
         actors = ray.util.list_named_actors(all_namespaces=True)
         assert sum("-talker-" in a["name"] for a in actors) == 2
+        assert _stage_actor_niceness() == [0] * 5  # not starved by whatever else runs on the node
         got = await asyncio.gather(*(collect(eng, r) for r in reqs))
         await wait_idle(eng)
         steps = {(s.name, s.replica): s.steps for s in eng.replica_stats()}
@@ -150,3 +158,16 @@ async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
 def _cluster_is_empty() -> bool:
     free, total = ray.available_resources().get("CPU"), ray.cluster_resources()["CPU"]
     return not ray.util.list_named_actors(all_namespaces=True) and free == total
+
+
+def _stage_actor_niceness() -> list[int]:
+    """The niceness of every stage actor's process on this node (Ray names them `ray::StageActor...`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::StageActor"):
+                stat = (proc / "stat").read_text()
+                found.append(int(stat[stat.rindex(")") + 2 :].split()[16]))  # field 19: nice
+        except OSError:  # a process that ended meanwhile
+            continue
+    return found
