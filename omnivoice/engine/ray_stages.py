@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from omnivoice.models.dummy import DummySource
 
 log = logging.getLogger(__name__)
+# Ray's own default is 15: on a busy node anything else (the server itself) then takes the stage
+# actors' CPU, and an actor's start or step waits minutes
+WORKER_NICENESS = 0  # the private cluster's workers (`ray.init(_system_config=...)`)
 
 
 class StageActor:
@@ -142,9 +145,7 @@ class RayStages:
                 namespace=cfg.namespace,
                 num_cpus=max(os.cpu_count() or 1, int(needed)),
                 include_dashboard=False,
-                # Ray starts its workers at niceness 15, so on a busy node anything else (the server
-                # itself) takes their CPU and a stage actor's start or step waits minutes
-                _system_config={"worker_niceness": 0},
+                _system_config={"worker_niceness": WORKER_NICENESS},
             )
             self.started_cluster = True
             log.info("started a local Ray cluster")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,12 @@ from tests.support.polling import until, wait_until
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'omnivoice[ray]'")
 
-from omnivoice.engine.ray_stages import RayStages, _on_assigned_gpu, actor_resources  # noqa: E402
+from omnivoice.engine.ray_stages import (  # noqa: E402
+    WORKER_NICENESS,
+    RayStages,
+    _on_assigned_gpu,
+    actor_resources,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,7 +110,7 @@ def ray_cluster():
         num_cpus=6,
         include_dashboard=False,
         namespace="omnivoice-tests",
-        _system_config={"worker_niceness": 0},
+        _system_config={"worker_niceness": WORKER_NICENESS},
     )
     yield
     ray.shutdown()
@@ -125,7 +131,9 @@ async def test_ray_actors_match_thread_workers_come_back_and_leave_nothing(
         assert not eng._pipeline.ray.started_cluster  # it joined the test's cluster
         actors = ray.util.list_named_actors(all_namespaces=True)
         assert sum("-talker-" in a["name"] for a in actors) == 2
-        assert _stage_actor_niceness() == [0] * 5  # not starved by whatever else runs on the node
+        assert (
+            _stage_actor_niceness() == [WORKER_NICENESS] * 5
+        )  # not starved by whatever else runs on the node
         got = await asyncio.gather(*(collect(eng, r) for r in reqs))
         await wait_idle(eng)
         steps = {(s.name, s.replica): s.steps for s in eng.replica_stats()}
@@ -166,8 +174,7 @@ def _stage_actor_niceness() -> list[int]:
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::StageActor"):
-                stat = (proc / "stat").read_text()
-                found.append(int(stat[stat.rindex(")") + 2 :].split()[16]))  # field 19: nice
+                found.append(os.getpriority(os.PRIO_PROCESS, int(proc.name)))
         except OSError:  # a process that ended meanwhile
             continue
     return found
