@@ -8,6 +8,12 @@ Per turn, on one monotonic clock:
   (includes the VAD's silence wait, as a caller experiences it);
 - turn detection: `speech_stopped` arrival - end of speech; response: first audio - `speech_stopped`;
 - stall: the longest wait of a player that starts at the first delta (bench.metrics.playback_stall).
+
+A session speaks only once the server has accepted its `session.update` (`session.updated`); one it
+refuses (an `error`: nothing of the update applies) fails that session's turns instead of measuring
+them with the server's defaults. The one exception: a server from before the
+`session.omnivoice.speculative_response` extension refuses the key as unknown; it has no speculative
+responses, so a session that asks for them off sends the update again without it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,11 @@ from omnivoice.bench.metrics import playback_stall
 
 RATE = 24000
 CHUNK_MS = 20
+SPECULATIVE_PARAM = "session.omnivoice.speculative_response"
+
+
+class SessionRejected(RuntimeError):
+    """The server refused the session's `session.update`, or did not answer it."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +90,36 @@ class _Caller:
     async def run(self) -> None:
         headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
         async with websockets.connect(self.cfg.url, additional_headers=headers, max_size=None) as ws:
-            await ws.send(json.dumps({"type": "session.update", "session": self._session()}))
+            await self._configure(ws)
             reader = asyncio.create_task(self._read(ws))
             try:
                 await self._speak(ws)
             finally:
                 reader.cancel()
                 await asyncio.gather(reader, return_exceptions=True)
+
+    async def _configure(self, ws: Any) -> None:
+        """Send the session's settings and wait until the server has applied them (see the module's
+        docstring); raises SessionRejected if it refuses them."""
+        session = self._session()
+        while True:
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            refused = await _update_outcome(ws, self.cfg.turn_timeout_s)
+            if refused is None:
+                return
+            if _speculation_unknown(refused) and self.cfg.speculative is False:
+                extension = {k: v for k, v in session["omnivoice"].items() if k != "speculative_response"}
+                session = {k: v for k, v in session.items() if k != "omnivoice"}
+                if extension:
+                    session["omnivoice"] = extension
+                print(
+                    f"[session {self.index}] the server does not know {SPECULATIVE_PARAM}: it has no "
+                    "speculative responses, so they are off; updating without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            raise SessionRejected(f"session.update refused: {refused.get('message', refused)}")
 
     def _session(self) -> dict[str, Any]:
         td = {"type": "server_vad", "silence_duration_ms": self.cfg.silence_ms}
@@ -140,6 +174,26 @@ class _Caller:
             elif kind == "error":
                 turn.error = event["error"].get("message", "error")
                 self.turn_done.set()
+
+
+async def _update_outcome(ws: Any, timeout_s: float) -> dict[str, Any] | None:
+    """Read events up to the answer to a `session.update`: None for `session.updated`, the `error`
+    object if refused. Raises SessionRejected if neither comes within `timeout_s`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                event = json.loads(await ws.recv())
+                if event.get("type") == "session.updated":
+                    return None
+                if event.get("type") == "error":
+                    refused: dict[str, Any] = event.get("error") or {}
+                    return refused
+    except TimeoutError:
+        raise SessionRejected(f"no answer to session.update within {timeout_s:.0f} s") from None
+
+
+def _speculation_unknown(refused: dict[str, Any]) -> bool:
+    return refused.get("code") == "unknown_parameter" and refused.get("param") == SPECULATIVE_PARAM
 
 
 async def _send_at(ws: Any, chunk: bytes, clock: float) -> float:
