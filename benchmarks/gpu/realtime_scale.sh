@@ -22,7 +22,8 @@
 #   CLIENTS=0     the bench's --client-processes (0: one per 32 sessions, at most half the cores)
 #   PROF=1        during each rt run, after PROF_AFTER=20 s: the machine's busiest processes and the
 #                 server's busiest threads (top), and two `py-spy dump --native` of the server 3 s
-#                 apart, in prof-s<N>.txt (py-spy from .whl/)
+#                 apart, in prof-s<N>.txt, then 10 s of `py-spy record` samples of its threads
+#                 (collapsed stacks) in record-s<N>.txt (py-spy from .whl/)
 #   BUDGET=520    seconds a call may spend; a bench that would not fit in what is left is not started
 #   PROFILE=configs/h200-dummy.yaml
 # Example (the lead's device calls, one after another):
@@ -69,6 +70,9 @@ profile() {  # $1: sessions; what the machine and the server's threads do mid-ru
             sleep 3
         done
     } > "$STATE/r/prof-s$1.txt" 2>&1
+    # where the server's threads spend their time: 10 s of samples, collapsed stacks per thread
+    /tmp/site/bin/py-spy record --pid "$pid" --duration 10 --rate 100 --format raw --threads --nonblocking \
+        --output "$STATE/r/record-s$1.txt" > /dev/null 2>&1
 }
 ready_or_exit() {
     if ! alive || ! healthy; then echo "no server up: run PHASE=start (or wait) first"; pack; exit 1; fi

@@ -14,7 +14,8 @@ all of them:
    tick.
 So at a hundred sessions the interpreter overhead of the many small model and tensor calls is paid
 once per tick, not once per session and frame, and the event loop only hands jobs over. A session
-never has two jobs in flight (it handles one append at a time), so a tick holds distinct streams.
+never has two jobs in flight (it handles its appends in order; a run of them that queued up is one
+job), so a tick holds distinct streams.
 
 With `workers` 0 each job runs alone, in its own `asyncio.to_thread` call (the per-session path).
 """

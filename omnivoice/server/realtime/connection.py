@@ -16,6 +16,7 @@ from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.session.conversation import new_id
 from omnivoice.server.session.ending import close_connection, serve_until_over
 from omnivoice.server.session.outbox import Event, Outbox, OutboxLimits
+from omnivoice.server.session.receiver import Receiver
 from omnivoice.server.session.registry import SessionRefused, Sessions
 from omnivoice.server.session.server_events import error
 from omnivoice.server.session.session import Session
@@ -67,29 +68,31 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
 
 
 async def _read_loop(websocket: WebSocket, session: Session, idle_timeout_s: float) -> None:
+    """Handle the client's events until it leaves or idles; the events that queued while the last
+    ones were handled are handled together (`Session.handle_all`)."""
+    receiver = Receiver(websocket)
     last = time.monotonic()
-    while True:
-        wait = idle_timeout_s - (time.monotonic() - last)
-        try:
-            async with asyncio.timeout(max(wait, 0.001)):  # not wait_for: no task per message (ending.py)
-                message = await websocket.receive()
-        except TimeoutError:
-            if session.busy:  # the client is listening to a response
-                last = time.monotonic()
-                continue
-            session.outbox.put(
-                error(f"the session was idle for {idle_timeout_s:g} s and is closed", "session_idle_timeout")
-            )
-            return
-        if message["type"] == "websocket.disconnect":
-            return
-        last = time.monotonic()
-        data = message.get("text")
-        if data is None:
-            data = message.get("bytes") or b""
-        await session.handle(data)
-        # events the client queued are received without suspending: let the other clients in between
-        await asyncio.sleep(0)
+    try:
+        while True:
+            wait = idle_timeout_s - (time.monotonic() - last)
+            try:
+                async with asyncio.timeout(max(wait, 0.001)):  # not wait_for: no task per message (ending.py)
+                    messages = await receiver.take()
+            except TimeoutError:
+                if session.busy:  # the client is listening to a response
+                    last = time.monotonic()
+                    continue
+                message = f"the session was idle for {idle_timeout_s:g} s and is closed"
+                session.outbox.put(error(message, "session_idle_timeout"))
+                return
+            if messages is None:  # the client disconnected
+                return
+            last = time.monotonic()
+            await session.handle_all(messages)
+            # let the other clients in between (what this one queued meanwhile is taken at once)
+            await asyncio.sleep(0)
+    finally:
+        await receiver.close()
 
 
 def _refusal(e: SessionRefused) -> Event:

@@ -1,10 +1,11 @@
 """How far behind real time a session handles its caller's audio (`IntakeClock`), summed over the
 app's sessions (`IntakeStats`, exported on /metrics).
 
-A caller streams audio at real-time pace and the session handles one append at a time (scoring it,
-then acting on the turn events it makes, some of which wait on the engine). Whatever delays that
-work delays every later append of the session, and the turn's end is heard that much later. After
-each append the clock compares the audio handled so far with the time passed since the session last
+A caller streams audio at real-time pace and the session handles its appends in order (scoring
+them, then acting on the turn events they make, some of which wait on the engine). Whatever delays
+that work delays every later append of the session, and the turn's end is heard that much later (the
+appends that queued meanwhile are then handled as one, `Session.handle_all`). After each append the
+clock compares the audio handled so far with the time passed since the session last
 caught up: the difference is the backlog, the part of the caller's wait that the server adds before
 it even hears the end of the turn. A client that sends faster than real time (a file, a test) moves
 the clock's origin instead, so it reads no backlog.

@@ -2,7 +2,8 @@
 and the handlers of the client's events. Opened by `Sessions` (registry) for every transport: one per
 WebSocket, WebRTC call or phone call.
 
-Client events are handled one at a time, in order; only a response runs beside them (its own task).
+Client events are handled one at a time, in order (a run of appends received together as one append:
+`handle_all`); only a response runs beside them (its own task).
 Handlers raise `ProtocolError` for bad input; `handle` turns it into an `error` event and goes on.
 The input buffer and turn detection are `Turns`' (turns.py); what a turn ends in (a barge-in, a
 response) is decided here. With server VAD, a turn's response may start when the speech pauses, held
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -141,21 +142,77 @@ class Session:
 
     async def handle(self, text: str | bytes) -> None:
         """Handle one client event; bad input becomes an `error` event and the session goes on."""
-        event_id = None
+        event = self._parse(text)
+        if event is not None:
+            await self._handle_event(event)
+
+    async def handle_all(self, texts: Sequence[str | bytes]) -> None:
+        """Handle client events received together (`Receiver.take`), in order, as `handle` would one
+        by one, except that each run of consecutive `input_audio_buffer.append`s is appended as one:
+        one front-door job for the run, so a session that fell behind its caller catches up at once.
+        A bad append of a run gets its own `error` event and adds nothing; the others go on."""
+        run: list[p.AudioAppend] = []
+        for text in texts:
+            event = self._parse(text)
+            if isinstance(event, p.AudioAppend):
+                run.append(event)
+                continue
+            await self._append_run(run)
+            run = []
+            if event is not None:
+                await self._handle_event(event)
+        await self._append_run(run)
+
+    def _parse(self, text: str | bytes) -> p.ClientEvent | None:
+        """The client event of `text`; None (and an `error` event sent) when it is not one."""
         limit = self.profile.realtime.max_event_bytes
         if len(text) > limit:  # characters of a text frame: bytes for the JSON of any real event
             message = f"the event is {len(text)} bytes; the limit is {limit} (realtime.max_event_bytes)"
             self.outbox.put(error(message, "event_too_large"))
-            return
+            return None
         try:
-            event = p.parse_client_event(text, self._json_bounds)
-            event_id = event.event_id
+            return p.parse_client_event(text, self._json_bounds)
+        except p.ProtocolError as e:
+            self.outbox.put(error(e.message, e.code, e.param, e.event_id))
+            return None
+
+    async def _handle_event(self, event: p.ClientEvent) -> None:
+        try:
             await self._dispatch(event)
         except p.ProtocolError as e:
-            self.outbox.put(error(e.message, e.code, e.param, e.event_id or event_id))
+            self.outbox.put(error(e.message, e.code, e.param, e.event_id or event.event_id))
         except Exception:
             log.exception("session %s: handling an event failed", self.id)
-            self.outbox.put(error("internal server error", "internal_error", None, event_id, "server_error"))
+            failed = error("internal server error", "internal_error", None, event.event_id, "server_error")
+            self.outbox.put(failed)
+
+    async def _append_run(self, run: list[p.AudioAppend]) -> None:
+        """Append the audio of consecutive appends as one (`handle_all`)."""
+        if len(run) <= 1:
+            for event in run:
+                await self._handle_event(event)
+            return
+        fitting = []
+        for e in run:
+            try:
+                self.turns.check_append(e)
+                fitting.append(e)
+            except p.ProtocolError as err:
+                self.outbox.put(error(err.message, err.code, err.param, err.event_id))
+        if not fitting:
+            return
+        decode = self.turns.run_decoder(fitting)
+        first = fitting[0].event_id
+        try:
+            await self.append_audio([e.audio for e in fitting], first, decode)
+        except p.ProtocolError as e:
+            self.outbox.put(error(e.message, e.code, e.param, e.event_id or first))
+        except Exception:
+            log.exception("session %s: handling %d appends failed", self.id, len(fitting))
+            self.outbox.put(error("internal server error", "internal_error", None, first, "server_error"))
+        finally:
+            for bad in decode.errors:  # the run's appends that were not audio: each its own error
+                self.outbox.put(error(bad.message, bad.code, bad.param, bad.event_id))
 
     async def _dispatch(self, e: p.ClientEvent) -> None:
         if isinstance(e, p.AudioAppend):

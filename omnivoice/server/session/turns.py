@@ -127,14 +127,22 @@ class Turns:
         """What turns an append's base64 audio into float32 PCM at 16 kHz (for `append`'s `convert`)."""
         return lambda audio: self._decode(audio, event_id)
 
+    def run_decoder(self, events: list[p.AudioAppend]) -> RunDecoder:
+        """What turns the base64 audio of a run of appends (`events`, in order) into one float32 PCM
+        at 16 kHz; an append that does not decode is left out and its error kept in `errors`."""
+        return RunDecoder(self, [e.event_id for e in events])
+
     def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
+        return self._in.process(self._pcm(audio, event_id))
+
+    def _pcm(self, audio: str, event_id: str | None) -> np.ndarray:
+        """One append's audio, decoded at its own rate (not yet resampled)."""
         try:
             raw = base64.b64decode(audio, validate=True)
-            pcm = self.settings.input_format.decode(raw)
+            return self.settings.input_format.decode(raw)
         except (binascii.Error, ValueError) as err:
             message = str(err) if isinstance(err, AudioDecodeError) else "the audio is not valid base64"
             raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
-        return self._in.process(pcm)
 
     async def append(
         self, audio: Any, event_id: str | None = None, convert: Callable[[Any], np.ndarray] | None = None
@@ -332,6 +340,24 @@ class _Append:
 
     def finish(self, probs: list[float]) -> tuple[list[float], list[np.ndarray]]:
         return probs, self.turns._windows(self.stream)
+
+
+class RunDecoder:
+    """`Turns.run_decoder`: called (in the front door) with the run's base64 audio, in order."""
+
+    def __init__(self, turns: Turns, event_ids: list[str | None]) -> None:
+        self._turns = turns
+        self._event_ids = event_ids
+        self.errors: list[p.ProtocolError] = []
+
+    def __call__(self, audio: list[str]) -> np.ndarray:
+        pcm = []
+        for payload, event_id in zip(audio, self._event_ids, strict=True):
+            try:
+                pcm.append(self._turns._pcm(payload, event_id))
+            except p.ProtocolError as e:
+                self.errors.append(e)
+        return self._turns._in.process(np.concatenate(pcm) if pcm else np.zeros(0, np.float32))
 
 
 def _user_item(item_id: str, audio: np.ndarray, stream: LogMelStream | None = None) -> Item:

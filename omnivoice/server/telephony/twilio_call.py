@@ -10,6 +10,7 @@ keeps only what the echoed marks say was heard. Messages the call cannot use are
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -117,12 +118,40 @@ class TwilioCall:
         """Handle one frame from the carrier; False once the call is over (`stop`)."""
         try:
             event = tw.parse_event(message)
-            if isinstance(event, tw.Stop):
-                log.info("call %s: stop", self.label)
-                return False
+        except tw.TwilioProtocolError as e:
+            self._malformed(str(e))
+            return True
+        return await self._handle_event(event)
+
+    async def _handle_event(self, event: tw.InboundEvent) -> bool:
+        if isinstance(event, tw.Stop):
+            log.info("call %s: stop", self.label)
+            return False
+        try:
             await self._dispatch(event)
         except tw.TwilioProtocolError as e:
             self._malformed(str(e))
+        return True
+
+    async def handle_all(self, messages: Sequence[str | bytes]) -> bool:
+        """Handle frames received together (`Receiver.take`), in order, as `handle` would one by one,
+        except that each run of consecutive media frames is appended as one (one front-door job: a
+        call that fell behind the carrier catches up at once); False once the call is over."""
+        run: list[bytes] = []  # u-law bytes of the run's frames: one sample a byte, so they join
+        for message in messages:
+            try:
+                event = tw.parse_event(message)
+                if isinstance(event, tw.Media) and self._inbound(event):
+                    run.append(tw.media_payload(event))
+                    continue
+            except tw.TwilioProtocolError as e:
+                self._malformed(str(e))
+                continue
+            await self._append(b"".join(run))
+            run = []
+            if not await self._handle_event(event):
+                return False
+        await self._append(b"".join(run))
         return True
 
     async def _dispatch(self, e: tw.InboundEvent) -> None:
@@ -171,13 +200,23 @@ class TwilioCall:
             log.warning("call %s: setting %s refused: %s", self.label, e.param, e.message)
 
     async def _media(self, e: tw.Media) -> None:
+        if self._inbound(e):
+            await self._append(tw.media_payload(e))
+
+    def _inbound(self, e: tw.Media) -> bool:
+        """Whether the frame is the caller's audio (the only track that feeds the session); raises
+        TwilioProtocolError for a frame out of place."""
         if self.session is None:
             raise tw.TwilioProtocolError("media before start")
         self._check_stream(e)
-        if not e.media.track.startswith("inbound"):
-            return  # only the caller's track feeds the session
+        return e.media.track.startswith("inbound")
+
+    async def _append(self, payload: bytes) -> None:
+        if not payload:
+            return
+        assert self.session is not None
         try:  # G.711 decoded and resampled in the session's worker thread, with the VAD
-            await self.session.append_audio(tw.media_payload(e), convert=self._decode)
+            await self.session.append_audio(payload, convert=self._decode)
         except ProtocolError as err:
             log.warning("call %s: audio dropped: %s", self.label, err.message)
 

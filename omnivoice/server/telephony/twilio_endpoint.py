@@ -16,6 +16,7 @@ import logging
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnivoice.server.session.ending import close_connection, serve_until_over
+from omnivoice.server.session.receiver import Receiver
 from omnivoice.server.session.registry import SessionRefused, Sessions
 from omnivoice.server.telephony.stream_auth import stream_owner
 from omnivoice.server.telephony.twilio_call import TwilioCall
@@ -65,20 +66,24 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
 async def _read_loop(
     websocket: WebSocket, call: TwilioCall, writer: asyncio.Task[None], idle_timeout_s: float
 ) -> None:
-    while True:
-        try:
-            async with asyncio.timeout(idle_timeout_s):  # not wait_for: no task per message (ending.py)
-                message = await websocket.receive()
-        except TimeoutError:
-            log.warning("call %s: nothing from the carrier for %g s; hanging up", call.label, idle_timeout_s)
-            return
-        if message["type"] == "websocket.disconnect":
-            log.info("call %s: the carrier disconnected", call.label)
-            return
-        data = message.get("text")
-        if data is None:
-            data = message.get("bytes") or b""
-        if not await call.handle(data):
-            return
-        if writer.done():  # the socket failed under the writer
-            writer.result()
+    """Handle the carrier's frames until the call stops, the carrier leaves or goes quiet; the frames
+    that queued while the last ones were handled are handled together (`TwilioCall.handle_all`)."""
+    receiver = Receiver(websocket)
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(idle_timeout_s):  # not wait_for: no task per message (ending.py)
+                    messages = await receiver.take()
+            except TimeoutError:
+                quiet = idle_timeout_s
+                log.warning("call %s: nothing from the carrier for %g s; hanging up", call.label, quiet)
+                return
+            if messages is None:
+                log.info("call %s: the carrier disconnected", call.label)
+                return
+            if not await call.handle_all(messages):
+                return
+            if writer.done():  # the socket failed under the writer
+                writer.result()
+    finally:
+        await receiver.close()

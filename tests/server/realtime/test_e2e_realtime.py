@@ -5,6 +5,8 @@ disconnects."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import numpy as np
 import openai
 import pytest
 
+from omnivoice.audio.resample import StreamResampler
 from omnivoice.server.session.session_config import Transcription
 from omnivoice.server.session.transcription import transcription_messages
 from omnivoice.types import AudioPart, Finished, GenerationRequest, Sampling, TextDelta, TextPart
@@ -243,3 +246,42 @@ async def test_disconnect_aborts_the_response_everywhere(
         await rec.close()
     await until(lambda: _idle(engine, app), 10, "the engine and the sessions left idle")
     assert app.state.admission.in_flight == 0
+
+
+async def test_appends_received_together_are_one_front_door_job(
+    server: ServerThread, voice: dict[str, np.ndarray]
+) -> None:
+    """A session that fell behind its caller handles the appends queued meanwhile together
+    (`Session.handle_all`): one front-door job for the run, a bad append among them its own error,
+    and every other one's audio kept in order."""
+    audio = pcm16(voice["one"])[: 40 * 960]  # 40 appends of 20 ms
+    chunks = [audio[i : i + 960] for i in range(0, len(audio), 960)]
+    texts = [
+        json.dumps(
+            {"type": "input_audio_buffer.append", "event_id": f"ev{i}", "audio": base64.b64encode(c).decode()}
+        )
+        for i, c in enumerate(chunks)
+    ]
+    texts[7] = json.dumps({"type": "input_audio_buffer.append", "event_id": "ev7", "audio": "not base64!"})
+    door = server.server.config.app.state.realtime.front_door
+    loop = server.server.servers[0].get_loop()  # the sessions' event loop
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        sid = (await rec.next("session.created")).session.id
+        await conn.session.update(session=fixed(4, 4, audio={"input": {"turn_detection": None}}))
+        await rec.next("session.updated")
+        session = session_of(server, sid)
+        jobs = door.jobs
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.handle_all(texts), loop))
+        assert door.jobs - jobs == 1
+        bad = await rec.next("error")
+        assert (bad.error.event_id, bad.error.code) == ("ev7", "invalid_value")
+        await conn.input_audio_buffer.commit()
+        committed = await rec.next("input_audio_buffer.committed")
+        item = session.conversation.get(committed.item_id)
+        kept = np.concatenate([np.frombuffer(c, "<i2") for i, c in enumerate(chunks) if i != 7])
+        await rec.close()
+    # the 39 good appends of 480 samples at 24 kHz in order, resampled to 16 kHz as one stream
+    resampler = StreamResampler(24000, 16000)
+    expected = np.concatenate([resampler.process(kept.astype(np.float32) / 32768), resampler.flush()])
+    np.testing.assert_allclose(item.content[0].audio, expected, atol=1e-5)

@@ -71,7 +71,10 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
         await carrier.play(voice["one"])
         first = await carrier.next("media", timeout=60)
         session = the_session(server)
-        assert door.workers >= 1 and door.jobs - jobs >= 50  # 20 ms frames of a few seconds of speech
+        # the frames went through the app's front door, those that queued up together in one job,
+        # and none of their audio was lost: 8 kHz u-law in, 16 kHz out
+        assert door.workers >= 1 and door.jobs > jobs
+        await until(lambda: session.buffer.end >= 2 * len(voice["one"]) - 640, 20)  # the resampler holds < 40 ms
         await until(lambda: session.last_response is not None, 20)
         item = session.conversation.items[-1]
         generated = item.ledger.generated  # u-law samples (bytes)
@@ -83,10 +86,10 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
         last = media[-1]
     metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
     appends = re.search(r"^omnivoice_front_door_appends_total (\S+)$", metrics, re.M)
-    assert appends is not None and float(appends[1]) >= jobs + 50
-    # each of them moved the session's intake clock, exported as a histogram
+    assert appends is not None and float(appends[1]) >= jobs + 1
+    # each job moved the session's intake clock, exported as a histogram
     intake = re.search(r"^omnivoice_realtime_intake_lag_seconds_count (\S+)$", metrics, re.M)
-    assert intake is not None and float(intake[1]) >= 50
+    assert intake is not None and float(intake[1]) >= 1
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
     assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
     assert [i.role for i in session.conversation.items] == ["user", "assistant"]
