@@ -62,6 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="deploy profile for both servers; a relative path is read in each "
         "revision's own tree (default: the built-in CPU profile)",
     )
+    for side in ("a", "b"):
+        a(
+            f"--profile-{side}",
+            default=None,
+            help=f"deploy profile for {side.upper()}'s server alone, instead of --profile (e.g. to "
+            "turn off in the newer revision a default the older one lacks, that would change the load)",
+        )
     a("--repo", type=Path, default=Path("."), help="the git repository the revisions are read from")
     a("--fail-above", type=float, default=None, help="exit 1 if the gated ratio B/A is above this")
     a(
@@ -91,6 +98,12 @@ def _client_args(args: argparse.Namespace) -> list[str]:
     return list(args.client_args)
 
 
+def side_profile(args: argparse.Namespace, side: str) -> str | None:
+    """The profile side "A" or "B" serves: its own --profile-a / --profile-b, else --profile."""
+    own: str | None = getattr(args, f"profile_{side.lower()}")
+    return own if own is not None else args.profile
+
+
 def _progress(text: str) -> None:
     print(f"[ab {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
@@ -102,7 +115,8 @@ def _one_run(
     tag = f"{pos:02d}-{side}-{rev.commit[:8]}"
     t0 = time.monotonic()
     info: dict[str, Any] = {"commit": rev.commit}
-    with serving(rev, work / f"{tag}.server.log", args.profile, ready_timeout_s=args.ready_timeout) as server:
+    log = work / f"{tag}.server.log"
+    with serving(rev, log, side_profile(args, side), ready_timeout_s=args.ready_timeout) as server:
         url = server.url
         info["ready_s"] = round(time.monotonic() - t0, 1)
         cpu_before = group_cpu_by_process(server.pid)
@@ -211,6 +225,7 @@ def _write(
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "workload": args.workload,
         "profile": args.profile,
+        "profiles": {side: side_profile(args, side) for side in ("A", "B")},
         "client_args": _client_args(args),
         "a": {"name": args.rev_a, "commit": revs["A"].commit},
         "b": {"name": args.rev_b, "commit": revs["B"].commit},

@@ -1,10 +1,12 @@
 """`omnivoice bench ab` end to end against two commits of a small git repository whose `omnivoice`
 is a stand-in server (stdlib HTTP: /health, /v1/models naming its commit, a streamed chat answer with
 one text and one audio chunk). The real client measures it; checked: which revision served each run,
-the alternation, the figures' comparison, and the exit codes `git bisect run` reads."""
+the alternation, the figures' comparison, the profile each side serves, and the exit codes `git bisect
+run` reads."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import omnivoice
+from omnivoice.bench.ab_cli import add_arguments, side_profile
 
 ROOT = Path(omnivoice.__file__).resolve().parent.parent
 
@@ -40,7 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._json({{"status": "ok"}})
         else:
-            self._json({{"data": [{{"id": NAME, "owned_by": "fake"}}]}})
+            self._json({{"data": [{{"id": NAME + PROFILE, "owned_by": "fake"}}]}})
 
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
@@ -60,6 +63,7 @@ if __name__ == "__main__":
         sys.exit(3)
     argv = sys.argv
     port = int(argv[argv.index("--port") + 1])
+    PROFILE = "@" + argv[argv.index("--profile") + 1] if "--profile" in argv else ""
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
@@ -147,3 +151,23 @@ def test_the_exit_code_tells_git_bisect_good_bad_or_skip(repo: Path, tmp_path: P
     assert rc == 128, err  # the reference cannot: bisect stops
     rc, _, err = _ab(repo, tmp_path, "no-such-rev", "HEAD", "--runs", "1")
     assert rc == 2 and "not a commit" in err
+
+
+@pytest.mark.slow
+def test_one_side_serves_its_own_profile(repo: Path, tmp_path: Path) -> None:
+    profile = tmp_path / "b.yaml"
+    profile.write_text("{}\n")
+    rc, report, err = _ab(repo, tmp_path, "HEAD~2", "HEAD~1", "--runs", "1", "--profile-b", str(profile))
+    assert rc == 0, err
+    assert report is not None and report["profiles"] == {"A": None, "B": str(profile)}
+    models = {run["side"]: run["client_report"]["model"] for run in report["runs"]}
+    assert models == {"A": "rev-one", "B": f"rev-two@{profile}"}  # as each server was started
+
+
+def test_a_side_profile_overrides_the_common_one() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["a", "b", "--profile", "both.yaml", "--profile-b", "new.yaml"])
+    assert (side_profile(args, "A"), side_profile(args, "B")) == ("both.yaml", "new.yaml")
+    args = parser.parse_args(["a", "b", "--profile-a", "old.yaml"])
+    assert (side_profile(args, "A"), side_profile(args, "B")) == ("old.yaml", None)
