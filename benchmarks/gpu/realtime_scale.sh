@@ -12,7 +12,8 @@
 #   PHASE=chat    `bench` chat completions at each of CHAT (default "32 64"), text input; INPUT=speech
 #                 sends .speech/utt.wav as input_audio instead
 #   PHASE=td      semantic_vad against server_vad (benchmarks/turn_detection.py, issue 30) at each of
-#                 SESSIONS (default "1 32"); MODES as turn_detection_run.sh's; REPEATS=2 (1 session)
+#                 SESSIONS (default "1 32"); MODES as turn_detection_run.sh's; REPEATS=2 (1 session:
+#                 the complete questions only, each session hung up at its answer's first audio)
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
 # spoken question made with espeak-ng on the CPU machine). Everything measured so far is packed into
@@ -136,10 +137,13 @@ td)
     modes=${MODES:-server_vad:500,semantic_vad:low,semantic_vad:medium,semantic_vad:high}
     for n in ${SESSIONS:-1 32}; do
         if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): td $n sessions"; continue; fi
-        repeats=$(( (n + 15) / 16 )); [ "$n" = 1 ] && repeats=${REPEATS:-2}
+        repeats=$(( (n + 15) / 16 )); one=""
+        # one caller at a time: its complete questions only, each hung up at the answer's first audio
+        # (nothing is loaded beside it, so waiting out each answer's playback measures nothing more)
+        [ "$n" = 1 ] && { repeats=${REPEATS:-2}; one="--hang-up --kinds complete"; }
         timeout "$TB" python3 benchmarks/turn_detection.py --base-url "$URL" --modes "$modes" --sessions "$n" \
-            --repeats "$repeats" --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
-            --model-threads "${THREADS:-2}" --machine "one H200, its host CPU" --quiet \
+            --repeats "$repeats" --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" $one \
+            --model-threads "${THREADS:-2}" --machine "one H200, its host CPU" \
             --output-json "$STATE/r/td-s$n.json" > "$STATE/r/td-s$n.log" 2>&1
         tail -8 "$STATE/r/td-s$n.log"
         scrape "td-s$n"
