@@ -124,9 +124,13 @@ def _to_float(payload: memoryview, fmt: _Format) -> np.ndarray:
 
 
 def pcm16_bytes(pcm: np.ndarray) -> bytes:
-    """Float PCM in [-1, 1] (clipped) to 16-bit little-endian bytes."""
-    x = np.nan_to_num(np.asarray(pcm, dtype=np.float32).reshape(-1), nan=0.0)
-    return np.round(np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+    """Float PCM in [-1, 1] (clipped; NaN is silence) to 16-bit little-endian bytes. Few numpy calls:
+    the event loop encodes every session's outgoing audio, and each call may wait for the GIL."""
+    x = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    if not np.isfinite(x).all():
+        x = np.nan_to_num(x, nan=0.0)
+    y = np.clip(x, -1.0, 1.0) * 32767.0
+    return np.rint(y, out=y).astype("<i2").tobytes()
 
 
 def encode_wav(pcm: np.ndarray, sample_rate: int) -> bytes:
