@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -36,7 +36,13 @@ from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Conversation, Item
 from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.generation import ResponsePlan
-from omnivoice.server.session.input_audio import InputBuffer, SpeechPaused, SpeechResumed, SpeechStarted
+from omnivoice.server.session.input_audio import (
+    InputBuffer,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    TurnEvent,
+)
 from omnivoice.server.session.intake import IntakeClock, IntakeStats
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.planning import plan_response
@@ -47,7 +53,7 @@ from omnivoice.server.session.server_events import error, session_object
 from omnivoice.server.session.session_config import SessionSettings
 from omnivoice.server.session.speculation import Speculation, SpeculationStats, Speculator
 from omnivoice.server.session.transcription import Transcriber
-from omnivoice.server.session.turns import Turns
+from omnivoice.server.session.turns import RUN_APPENDS, ConvertOne, Run, Turns
 from omnivoice.server.session.updating import check_tools, updated_settings
 
 log = logging.getLogger(__name__)
@@ -148,14 +154,18 @@ class Session:
 
     async def handle_all(self, texts: Sequence[str | bytes]) -> None:
         """Handle client events received together (`Receiver.take`), in order, as `handle` would one
-        by one, except that each run of consecutive `input_audio_buffer.append`s is appended as one:
-        one front-door job for the run, so a session that fell behind its caller catches up at once.
+        by one, except that each run of consecutive `input_audio_buffer.append`s (up to RUN_APPENDS)
+        is appended as one: one front-door job for the run, so a session that fell behind its caller
+        catches up in a few steps.
         A bad append of a run gets its own `error` event and adds nothing; the others go on."""
         run: list[p.AudioAppend] = []
         for text in texts:
             event = self._parse(text)
             if isinstance(event, p.AudioAppend):
                 run.append(event)
+                if len(run) == RUN_APPENDS:
+                    await self._append_run(run)
+                    run = []
                 continue
             await self._append_run(run)
             run = []
@@ -201,18 +211,15 @@ class Session:
                 self.outbox.put(error(err.message, err.code, err.param, err.event_id))
         if not fitting:
             return
-        decode = self.turns.run_decoder(fitting)
-        first = fitting[0].event_id
         try:
-            await self.append_audio([e.audio for e in fitting], first, decode)
-        except p.ProtocolError as e:
-            self.outbox.put(error(e.message, e.code, e.param, e.event_id or first))
+            refused = await self.append_run([(e.audio, e.event_id) for e in fitting])
         except Exception:
             log.exception("session %s: handling %d appends failed", self.id, len(fitting))
+            first = fitting[0].event_id
             self.outbox.put(error("internal server error", "internal_error", None, first, "server_error"))
-        finally:
-            for bad in decode.errors:  # the run's appends that were not audio: each its own error
-                self.outbox.put(error(bad.message, bad.code, bad.param, bad.event_id))
+            return
+        for bad in refused:  # the run's appends that were not audio, or did not fit: each its own error
+            self.outbox.put(error(bad.message, bad.code, bad.param, bad.event_id))
 
     async def _dispatch(self, e: p.ClientEvent) -> None:
         if isinstance(e, p.AudioAppend):
@@ -269,7 +276,18 @@ class Session:
         """Append mono float32 audio at 16 kHz (or audio that `convert` turns into that, off the event
         loop: `Turns.append`) and act on the turns it starts or ends. The WebSocket's
         `input_audio_buffer.append`, WebRTC and Twilio feed their audio here."""
-        events = await self.turns.append(pcm, event_id, convert)
+        await self._heard(await self.turns.append(pcm, event_id, convert))
+
+    async def append_run(self, run: Run, convert: ConvertOne | None = None) -> list[p.ProtocolError]:
+        """Append consecutive appends received together (each its audio and event id) as one, and act
+        on the turns they start or end (`Turns.append_run`: `convert` is by default an
+        `input_audio_buffer.append`'s base64 decoding). Returns the errors of the appends refused."""
+        events, refused = await self.turns.append_run(run, convert)
+        await self._heard(events)
+        return refused
+
+    async def _heard(self, events: Iterator[TurnEvent]) -> None:
+        """Act on the turn events of the audio just appended (one append's, or a run's)."""
         self._intake.handled(self.turns.buffer.end)  # how far behind the caller the session is
         for ev in events:
             if isinstance(ev, SpeechStarted):

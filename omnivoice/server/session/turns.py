@@ -31,7 +31,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,14 @@ from omnivoice.server.session.session_config import SessionSettings
 log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
+
+# a run of appends received together: each one's audio (as it came) and event id
+Run = list[tuple[Any, str | None]]
+# appends handled as one run at most (~0.5 s of 20 ms appends): a session far behind catches up a
+# run a tick, each tick of the front door stays short for the other sessions, and a turn that
+# arrived all at once is still featurized (and encoded ahead) while the rest of it is read
+RUN_APPENDS = 25
+ConvertOne = Callable[[Any, str | None], np.ndarray]  # one append's audio (and id) -> 16 kHz float32
 
 
 class Turns:
@@ -127,22 +135,14 @@ class Turns:
         """What turns an append's base64 audio into float32 PCM at 16 kHz (for `append`'s `convert`)."""
         return lambda audio: self._decode(audio, event_id)
 
-    def run_decoder(self, events: list[p.AudioAppend]) -> RunDecoder:
-        """What turns the base64 audio of a run of appends (`events`, in order) into one float32 PCM
-        at 16 kHz; an append that does not decode is left out and its error kept in `errors`."""
-        return RunDecoder(self, [e.event_id for e in events])
-
     def _decode(self, audio: str, event_id: str | None) -> np.ndarray:
-        return self._in.process(self._pcm(audio, event_id))
-
-    def _pcm(self, audio: str, event_id: str | None) -> np.ndarray:
-        """One append's audio, decoded at its own rate (not yet resampled)."""
         try:
             raw = base64.b64decode(audio, validate=True)
-            return self.settings.input_format.decode(raw)
+            pcm = self.settings.input_format.decode(raw)
         except (binascii.Error, ValueError) as err:
             message = str(err) if isinstance(err, AudioDecodeError) else "the audio is not valid base64"
             raise p.ProtocolError(message, "invalid_value", "audio", event_id) from None
+        return self._in.process(pcm)
 
     async def append(
         self, audio: Any, event_id: str | None = None, convert: Callable[[Any], np.ndarray] | None = None
@@ -157,11 +157,23 @@ class Turns:
         if self._detector is None and convert is None:
             self._buffer(audio, event_id)
             return iter(())
-        stream, safe = self._stream, 0
-        if stream is not None and self._speech is not None and self._detector is not None:
+        return await self._score(_Append(self, audio, convert, event_id))
+
+    async def append_run(
+        self, run: Run, convert: ConvertOne | None = None
+    ) -> tuple[Iterator[TurnEvent], list[p.ProtocolError]]:
+        """`append` for consecutive appends received together (each its audio and event id), as one
+        front-door job: each is converted (`convert`: by default an `input_audio_buffer.append`'s
+        base64) and buffered as `append` would, in order, so the buffer holds what fits and only what
+        does not is refused; their audio is scored together. Returns the turn detector's events and
+        the errors of the appends refused (not audio, or no room)."""
+        job = _AppendRun(self, run, convert or self._decode)
+        return await self._score(job), job.refused
+
+    async def _score(self, job: _Append | _AppendRun) -> Iterator[TurnEvent]:
+        if self._stream is not None and self._speech is not None and self._detector is not None:
             # the turn ends where the detector hears it end: never before the audio scored so far
-            safe = self._detector.next_frame - self._speech[1]
-        job = _Append(self, audio, convert, stream, safe, event_id)
+            job.stream, job.safe = self._stream, self._detector.next_frame - self._speech[1]
         probs, windows = await self._front_door.score(job)
         self.ahead += windows
         if self._detector is None or not probs:
@@ -182,6 +194,24 @@ class Turns:
             return None
         return Scoring(pcm, self._vad, job.stream, job.safe)
 
+    def _take_run(self, job: _AppendRun) -> Scoring | None:
+        """(front door) `_take` for a run: each append decoded, resampled and buffered in turn."""
+        kept = []
+        for i, (audio, event_id) in enumerate(job.audio):
+            try:
+                pcm = job.convert(audio, event_id)
+                # trimmed (while idle) once, before the run, as one append of it would be: the speech
+                # that starts in the run is scored only after all of it is buffered
+                self._buffer(pcm, event_id, trim=i == 0)
+            except p.ProtocolError as e:
+                job.refused.append(e)
+                continue
+            kept.append(pcm)
+        pcm = np.concatenate(kept) if kept else np.zeros(0, np.float32)
+        if self._detector is None or not pcm.size:
+            return None
+        return Scoring(pcm, self._vad, job.stream, job.safe)
+
     def _windows(self, stream: LogMelStream | None) -> list[np.ndarray]:
         """(front door) The spoken turn's whole encoder windows completed since the last call."""
         windows: list[np.ndarray] = []
@@ -193,8 +223,8 @@ class Turns:
             self._windows_out += 1
         return windows
 
-    def _buffer(self, pcm: np.ndarray, event_id: str | None) -> None:
-        if self._detector is not None and not self._detector.speaking:
+    def _buffer(self, pcm: np.ndarray, event_id: str | None, trim: bool = True) -> None:
+        if trim and self._detector is not None and not self._detector.speaking:
             self.buffer.trim(self.buffer.end - self._keep_while_idle())
         try:
             self.buffer.append(pcm)
@@ -331,9 +361,9 @@ class _Append:
     turns: Turns
     audio: Any
     convert: Callable[[Any], np.ndarray] | None
-    stream: LogMelStream | None
-    safe: int
     event_id: str | None
+    stream: LogMelStream | None = None
+    safe: int = 0
 
     def take(self) -> Scoring | None:
         return self.turns._take(self)
@@ -342,22 +372,23 @@ class _Append:
         return probs, self.turns._windows(self.stream)
 
 
-class RunDecoder:
-    """`Turns.run_decoder`: called (in the front door) with the run's base64 audio, in order."""
+@dataclass
+class _AppendRun:
+    """Consecutive appends as one front-door job (`Turns.append_run`): their audio and event ids, in
+    order; `refused` collects the errors of those that were not audio or did not fit."""
 
-    def __init__(self, turns: Turns, event_ids: list[str | None]) -> None:
-        self._turns = turns
-        self._event_ids = event_ids
-        self.errors: list[p.ProtocolError] = []
+    turns: Turns
+    audio: Run
+    convert: ConvertOne
+    stream: LogMelStream | None = None
+    safe: int = 0
+    refused: list[p.ProtocolError] = field(default_factory=list)
 
-    def __call__(self, audio: list[str]) -> np.ndarray:
-        pcm = []
-        for payload, event_id in zip(audio, self._event_ids, strict=True):
-            try:
-                pcm.append(self._turns._pcm(payload, event_id))
-            except p.ProtocolError as e:
-                self.errors.append(e)
-        return self._turns._in.process(np.concatenate(pcm) if pcm else np.zeros(0, np.float32))
+    def take(self) -> Scoring | None:
+        return self.turns._take_run(self)
+
+    def finish(self, probs: list[float]) -> tuple[list[float], list[np.ndarray]]:
+        return probs, self.turns._windows(self.stream)
 
 
 def _user_item(item_id: str, audio: np.ndarray, stream: LogMelStream | None = None) -> Item:

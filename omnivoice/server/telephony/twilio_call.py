@@ -25,6 +25,7 @@ from omnivoice.server.session.outbox import Event, OutboxLimits
 from omnivoice.server.session.protocol import ProtocolError
 from omnivoice.server.session.registry import Ticket
 from omnivoice.server.session.session import Session
+from omnivoice.server.session.turns import RUN_APPENDS
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.telephony.twilio_outbox import TwilioOutbox
 
@@ -137,22 +138,37 @@ class TwilioCall:
         """Handle frames received together (`Receiver.take`), in order, as `handle` would one by one,
         except that each run of consecutive media frames is appended as one (one front-door job: a
         call that fell behind the carrier catches up at once); False once the call is over."""
-        run: list[bytes] = []  # u-law bytes of the run's frames: one sample a byte, so they join
+        run: list[bytes] = []  # u-law bytes of the run's frames
         for message in messages:
             try:
                 event = tw.parse_event(message)
                 if isinstance(event, tw.Media) and self._inbound(event):
                     run.append(tw.media_payload(event))
+                    if len(run) == RUN_APPENDS:
+                        await self._append_run(run)
+                        run = []
                     continue
             except tw.TwilioProtocolError as e:
                 self._malformed(str(e))
                 continue
-            await self._append(b"".join(run))
+            await self._append_run(run)
             run = []
             if not await self._handle_event(event):
                 return False
-        await self._append(b"".join(run))
+        await self._append_run(run)
         return True
+
+    async def _append_run(self, run: list[bytes]) -> None:
+        if len(run) <= 1:
+            for payload in run:
+                await self._append(payload)
+            return
+        assert self.session is not None
+        # G.711 decoded and resampled in the session's worker thread, with the VAD; each frame buffered
+        # in turn, so a full buffer drops only the frames past its end
+        refused = await self.session.append_run([(f, None) for f in run], lambda f, _: self._decode(f))
+        if refused:
+            log.warning("call %s: %d frames dropped: %s", self.label, len(refused), refused[0].message)
 
     async def _dispatch(self, e: tw.InboundEvent) -> None:
         if isinstance(e, tw.Media):
@@ -212,8 +228,6 @@ class TwilioCall:
         return e.media.track.startswith("inbound")
 
     async def _append(self, payload: bytes) -> None:
-        if not payload:
-            return
         assert self.session is not None
         try:  # G.711 decoded and resampled in the session's worker thread, with the VAD
             await self.session.append_audio(payload, convert=self._decode)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InvalidAccessError, InvalidStateError, OperationError
 from aiortc.mediastreams import MediaStreamTrack
 
 from omnivoice.audio.resample import StreamResampler
@@ -37,8 +38,12 @@ class OfferError(ValueError):
 
 # aiortc's SDP parser and offer/answer code fail on malformed offers with whatever the bad line causes
 # (a KeyError for an unknown a=setup, StopIteration for an unknown payload type, an AttributeError for
-# a missing transport, ...): all of these are the offer's fault, none the server's.
-_AIORTC_OFFER_ERRORS = (ValueError, LookupError, AssertionError, AttributeError, TypeError, RuntimeError)
+# a missing transport, aiortc's OperationError for an audio section with no codec it can map, ...): all
+# of these are the offer's fault, none the server's.
+_AIORTC_OFFER_ERRORS = (
+    ValueError, LookupError, AssertionError, AttributeError, TypeError, RuntimeError,
+    InvalidAccessError, InvalidStateError, OperationError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

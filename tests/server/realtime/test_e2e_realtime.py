@@ -252,7 +252,7 @@ async def test_appends_received_together_are_one_front_door_job(
     server: ServerThread, voice: dict[str, np.ndarray]
 ) -> None:
     """A session that fell behind its caller handles the appends queued meanwhile together
-    (`Session.handle_all`): one front-door job for the run, a bad append among them its own error,
+    (`Session.handle_all`): one front-door job a run (of up to 25), a bad append its own error,
     and every other one's audio kept in order."""
     audio = pcm16(voice["one"])[: 40 * 960]  # 40 appends of 20 ms
     chunks = [audio[i : i + 960] for i in range(0, len(audio), 960)]
@@ -273,7 +273,7 @@ async def test_appends_received_together_are_one_front_door_job(
         session = session_of(server, sid)
         jobs = door.jobs
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.handle_all(texts), loop))
-        assert door.jobs - jobs == 1
+        assert door.jobs - jobs == 2  # runs of at most RUN_APPENDS (25)
         bad = await rec.next("error")
         assert (bad.error.event_id, bad.error.code) == ("ev7", "invalid_value")
         await conn.input_audio_buffer.commit()
@@ -285,3 +285,33 @@ async def test_appends_received_together_are_one_front_door_job(
     resampler = StreamResampler(24000, 16000)
     expected = np.concatenate([resampler.process(kept.astype(np.float32) / 32768), resampler.flush()])
     np.testing.assert_allclose(item.content[0].audio, expected, atol=1e-5)
+
+
+async def test_a_run_of_appends_past_the_buffer_keeps_what_fits(server: ServerThread) -> None:
+    """A run of appends handled together is buffered append by append: the buffer fills up to its
+    limit and only the appends past it are refused, each with its own error."""
+    chunk = base64.b64encode(pcm16(0.02)).decode()  # 20 ms: 320 samples at 16 kHz
+    n = 1550  # 31 s: past the module server's 30 s buffer
+    texts = [
+        json.dumps({"type": "input_audio_buffer.append", "event_id": f"ev{i}", "audio": chunk})
+        for i in range(n)
+    ]
+    loop = server.server.servers[0].get_loop()
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        sid = (await rec.next("session.created")).session.id
+        await conn.session.update(session=fixed(4, 4, audio={"input": {"turn_detection": None}}))
+        await rec.next("session.updated")
+        session = session_of(server, sid)
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.handle_all(texts), loop))
+        held = session.buffer.samples
+        await conn.input_audio_buffer.clear()  # its event follows every error of the run
+        await rec.next("input_audio_buffer.cleared")
+        errors = [e.error for _, e in rec.events if e.type == "error"]
+        await rec.close()
+    assert {e.code for e in errors} == {"input_audio_buffer_full"}
+    # the appends past the limit, and only those (an append resamples to 319-321 samples, so a
+    # shorter one may still fit after a longer one did not)
+    refused = [int(e.event_id[2:]) for e in errors]
+    assert refused == sorted(refused) and min(refused) >= 1490 and refused[-1] == n - 1
+    assert 30 * 16000 - 2 * 480 < held <= 30 * 16000  # less than two appends' room left

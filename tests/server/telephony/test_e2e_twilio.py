@@ -72,9 +72,9 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
         first = await carrier.next("media", timeout=60)
         session = the_session(server)
         # the frames went through the app's front door, those that queued up together in one job,
-        # and none of their audio was lost: 8 kHz u-law in, 16 kHz out
+        # and none of their audio was lost: 8 kHz u-law in, 16 kHz out (the resampler holds < 40 ms)
         assert door.workers >= 1 and door.jobs > jobs
-        await until(lambda: session.buffer.end >= 2 * len(voice["one"]) - 640, 20)  # the resampler holds < 40 ms
+        await until(lambda: session.buffer.end >= 2 * len(voice["one"]) - 640, 20)
         await until(lambda: session.last_response is not None, 20)
         item = session.conversation.items[-1]
         generated = item.ledger.generated  # u-law samples (bytes)
