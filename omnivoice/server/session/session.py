@@ -157,7 +157,9 @@ class Session:
         by one, except that each run of consecutive `input_audio_buffer.append`s (up to RUN_APPENDS)
         is appended as one: one front-door job for the run, so a session that fell behind its caller
         catches up in a few steps.
-        A bad append of a run gets its own `error` event and adds nothing; the others go on."""
+        A bad append of a run gets its own `error` event and adds nothing; the others go on. Between
+        events (and runs) the other sessions and requests get the event loop, as when each event was
+        read by itself: a client that queued thousands of events holds it no longer than one."""
         run: list[p.AudioAppend] = []
         for text in texts:
             event = self._parse(text)
@@ -166,11 +168,13 @@ class Session:
                 if len(run) == RUN_APPENDS:
                     await self._append_run(run)
                     run = []
+                    await asyncio.sleep(0)
                 continue
             await self._append_run(run)
             run = []
             if event is not None:
                 await self._handle_event(event)
+            await asyncio.sleep(0)
         await self._append_run(run)
 
     def _parse(self, text: str | bytes) -> p.ClientEvent | None:

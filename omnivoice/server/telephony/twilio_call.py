@@ -9,6 +9,7 @@ keeps only what the echoed marks say was heard. Messages the call cannot use are
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -147,14 +148,17 @@ class TwilioCall:
                     if len(run) == RUN_APPENDS:
                         await self._append_run(run)
                         run = []
+                        await asyncio.sleep(0)  # the other calls and sessions in between
                     continue
             except tw.TwilioProtocolError as e:
                 self._malformed(str(e))
+                await asyncio.sleep(0)
                 continue
             await self._append_run(run)
             run = []
             if not await self._handle_event(event):
                 return False
+            await asyncio.sleep(0)
         await self._append_run(run)
         return True
 

@@ -315,3 +315,36 @@ async def test_a_run_of_appends_past_the_buffer_keeps_what_fits(server: ServerTh
     refused = [int(e.event_id[2:]) for e in errors]
     assert refused == sorted(refused) and min(refused) >= 1490 and refused[-1] == n - 1
     assert 30 * 16000 - 2 * 480 < held <= 30 * 16000  # less than two appends' room left
+
+
+async def test_events_received_together_let_the_loop_in_between(server: ServerThread) -> None:
+    """A client that queued many events holds the event loop no longer than one at a time: between
+    the events of one `handle_all` the loop's other tasks run (here a ticker beside it)."""
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a note"}]}
+    texts = [json.dumps({"type": "conversation.item.create", "item": item}) for _ in range(300)]
+    loop = server.server.servers[0].get_loop()
+    async with connect(server) as conn:
+        rec = Recorder(conn)
+        session = session_of(server, (await rec.next("session.created")).session.id)
+
+        async def ticks_during() -> int:
+            ticks, done = 0, False
+
+            async def tick() -> None:
+                nonlocal ticks
+                while not done:
+                    ticks += 1
+                    await asyncio.sleep(0)
+
+            ticker = asyncio.create_task(tick())
+            await asyncio.sleep(0)
+            start = ticks
+            await session.handle_all(texts)
+            during, done = ticks - start, True
+            await ticker
+            return during
+
+        during = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(ticks_during(), loop))
+        await rec.close()
+    assert during >= len(texts) - 1
+    assert len(session.conversation.items) == len(texts)
