@@ -135,8 +135,7 @@ async def _engine_text(server: ServerThread, messages: Any, max_tokens: int) -> 
             assert not isinstance(out, Finished) or out.finish_reason in ("stop", "length")
         return text
 
-    loop = server.server.servers[0].get_loop()  # the engine's event loop
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), loop))
+    return await on_server_loop(server, run())  # the engine's event loop
 
 
 async def test_push_to_talk_history_feeds_the_thinker(
@@ -248,6 +247,21 @@ async def test_disconnect_aborts_the_response_everywhere(
     assert app.state.admission.in_flight == 0
 
 
+async def push_to_talk(server: ServerThread, conn: Any) -> tuple[Recorder, Any]:
+    """A new connection's recorder and server-side session, its turn detection off."""
+    rec = Recorder(conn)
+    sid = (await rec.next("session.created")).session.id
+    await conn.session.update(session=fixed(4, 4, audio={"input": {"turn_detection": None}}))
+    await rec.next("session.updated")
+    return rec, session_of(server, sid)
+
+
+async def on_server_loop(server: ServerThread, coro: Any) -> Any:
+    """Run `coro` on the server's event loop (the sessions'), as its own messages are handled."""
+    loop = server.server.servers[0].get_loop()
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
 async def test_appends_received_together_are_one_front_door_job(
     server: ServerThread, voice: dict[str, np.ndarray]
 ) -> None:
@@ -264,15 +278,10 @@ async def test_appends_received_together_are_one_front_door_job(
     ]
     texts[7] = json.dumps({"type": "input_audio_buffer.append", "event_id": "ev7", "audio": "not base64!"})
     door = server.server.config.app.state.realtime.front_door
-    loop = server.server.servers[0].get_loop()  # the sessions' event loop
     async with connect(server) as conn:
-        rec = Recorder(conn)
-        sid = (await rec.next("session.created")).session.id
-        await conn.session.update(session=fixed(4, 4, audio={"input": {"turn_detection": None}}))
-        await rec.next("session.updated")
-        session = session_of(server, sid)
+        rec, session = await push_to_talk(server, conn)
         jobs = door.jobs
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.handle_all(texts), loop))
+        await on_server_loop(server, session.handle_all(texts))
         assert door.jobs - jobs == 2  # runs of at most RUN_APPENDS (25)
         bad = await rec.next("error")
         assert (bad.error.event_id, bad.error.code) == ("ev7", "invalid_value")
@@ -296,14 +305,9 @@ async def test_a_run_of_appends_past_the_buffer_keeps_what_fits(server: ServerTh
         json.dumps({"type": "input_audio_buffer.append", "event_id": f"ev{i}", "audio": chunk})
         for i in range(n)
     ]
-    loop = server.server.servers[0].get_loop()
     async with connect(server) as conn:
-        rec = Recorder(conn)
-        sid = (await rec.next("session.created")).session.id
-        await conn.session.update(session=fixed(4, 4, audio={"input": {"turn_detection": None}}))
-        await rec.next("session.updated")
-        session = session_of(server, sid)
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.handle_all(texts), loop))
+        rec, session = await push_to_talk(server, conn)
+        await on_server_loop(server, session.handle_all(texts))
         held = session.buffer.samples
         await conn.input_audio_buffer.clear()  # its event follows every error of the run
         await rec.next("input_audio_buffer.cleared")
@@ -322,7 +326,6 @@ async def test_events_received_together_let_the_loop_in_between(server: ServerTh
     the events of one `handle_all` the loop's other tasks run (here a ticker beside it)."""
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a note"}]}
     texts = [json.dumps({"type": "conversation.item.create", "item": item}) for _ in range(300)]
-    loop = server.server.servers[0].get_loop()
     async with connect(server) as conn:
         rec = Recorder(conn)
         session = session_of(server, (await rec.next("session.created")).session.id)
@@ -344,7 +347,7 @@ async def test_events_received_together_let_the_loop_in_between(server: ServerTh
             await ticker
             return during
 
-        during = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(ticks_during(), loop))
+        during = await on_server_loop(server, ticks_during())
         await rec.close()
     assert during >= len(texts) - 1
     assert len(session.conversation.items) == len(texts)
