@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # Ray's own default is 15: on a busy node anything else (the server itself) then takes the stage
-# actors' CPU, and an actor's start or step waits minutes
+# actors' CPU first, and an actor's start or step waits behind all of it
 WORKER_NICENESS = 0  # the private cluster's workers (`ray.init(_system_config=...)`)
 
 

@@ -6,8 +6,9 @@ its messages in order. Read one at a time, each message waits for the one before
 full (scored by the front door, acted on): whenever that takes longer than the caller's pace, the
 session falls behind, and with one message per step it never catches up. Here a task receives the
 messages as they come and `take` returns all that have queued since the last call, so the session
-hands a run of appends to the front door as one (`Session.handle_all`, `TwilioCall.handle_all`) and
-a session that fell behind catches up in one step.
+hands each run of appends (up to `turns.RUN_APPENDS`) to the front door as one
+(`Session.handle_all`, `TwilioCall.handle_all`) and a session that fell behind catches up in a few
+steps.
 
 The queue is bounded by `max_bytes`: while it holds that much the task stops receiving, so a client
 that sends faster than the server handles is held back by the socket's flow control, as before.

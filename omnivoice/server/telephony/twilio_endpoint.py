@@ -75,8 +75,9 @@ async def _read_loop(
                 async with asyncio.timeout(idle_timeout_s):  # not wait_for: no task per message (ending.py)
                     messages = await receiver.take()
             except TimeoutError:
-                quiet = idle_timeout_s
-                log.warning("call %s: nothing from the carrier for %g s; hanging up", call.label, quiet)
+                log.warning(
+                    "call %s: nothing from the carrier for %g s; hanging up", call.label, idle_timeout_s
+                )
                 return
             if messages is None:
                 log.info("call %s: the carrier disconnected", call.label)
