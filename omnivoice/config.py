@@ -90,6 +90,14 @@ class StageConfig(_Strict):
         "code predictor's frame and each Code2Wav forward (per batch-size bucket and window length) as "
         "CUDA graphs at start, then replay them (CUDA devices only)",
     )
+    graphs_at_start: int | None = Field(
+        None,
+        ge=1,
+        description="thinker and talker with execution cuda_graph: the widest batch bucket whose graphs "
+        "are captured before the stage is ready; the wider ones are captured afterwards, narrowest first, "
+        "whenever the stage is idle, and a step that needs one not captured yet captures it first (once). "
+        "Smaller: the stage is ready sooner. null: every bucket before it is ready",
+    )
     compile: bool = Field(
         True,
         description="CUDA devices: torch.compile each decoder layer's decode-step math (thinker, talker, "

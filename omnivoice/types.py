@@ -299,6 +299,7 @@ class StageStats:
     ingest_s: float = 0.0
     ingested: int = 0
     gpu_utilization: float | None = None
+    graphs_pending: int = 0  # CUDA graphs left for after the start, not captured yet (graph_backlog)
 
     @property
     def live_requests(self) -> int:
@@ -328,6 +329,7 @@ class StageStats:
             ingest_s=sum(p.ingest_s for p in parts),
             ingested=sum(p.ingested for p in parts),
             gpu_utilization=max((g for p in parts if (g := p.gpu_utilization) is not None), default=None),
+            graphs_pending=sum(p.graphs_pending for p in parts),
         )
 
 

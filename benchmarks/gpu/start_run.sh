@@ -8,11 +8,17 @@
 #   PHASE=cold bash benchmarks/gpu/start_run.sh    # clears the caches first
 #   PHASE=warm bash benchmarks/gpu/start_run.sh    # right after: the restart with caches on disk
 #   PHASE=c2w  bash benchmarks/gpu/start_run.sh    # Code2Wav's warm-up under each cuDNN tuning setting
+# Once healthy, it waits until /health lists no `graphs_pending` (the CUDA graphs of wide batches that
+# the stages capture after the start, while idle: `graphs_at_start`) before the chat runs, so these
+# measure the stages with every graph in place.
 # Results in $OUT/r.tgz, packed after every step: serve-<phase>.log, start-<phase>.json (engine_start_s,
-# start_caches, gpu, per-step seconds from the log), health-<phase>.jsonl (/health while starting, every
-# 5th poll), chat-<phase>-c<N>.json, and for c2w code2wav-start.json. Python runs unbuffered.
+# all_graphs_s: from the command until no graph was pending, start_caches, gpu, per-step seconds from
+# the log), health-<phase>.jsonl (/health while starting, every 5th poll), chat-<phase>-c<N>.json, and
+# for c2w code2wav-start.json. Python runs unbuffered.
 #   PROFILE=configs/h200-dummy.yaml  PORT=8000  START_LIMIT=480 (s)  CHAT="32 1"  TB=150 (s per chat run)
 #   TOKENS=64 FRAMES=240  MODES="1:10 1:3 16:10 65:0" (c2w: tune_from_batch:benchmark_limit)
+#   KEEP=1  leave the server running for realtime_scale.sh's later phases (its pid and log where that
+#           script keeps them, under STATE=/tmp/rtscale) instead of stopping it after the chat runs
 set -u
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -24,7 +30,10 @@ PHASE=${PHASE:-cold}
 PROFILE=${PROFILE:-configs/h200-dummy.yaml}
 PORT=${PORT:-8000}
 mkdir -p "$OUT/r"
-pack() { (cd "$OUT" && tar czf r.tgz.part r && mv r.tgz.part r.tgz); }
+STATE=${STATE:-/tmp/rtscale}
+log="$OUT/r/serve-$PHASE.log"
+if [ "${KEEP:-0}" = 1 ]; then mkdir -p "$STATE/r"; log="$STATE/r/serve.log"; fi  # $OUT is emptied by the next call
+pack() { [ "${KEEP:-0}" = 1 ] && cp "$log" "$OUT/r/serve-$PHASE.log"; (cd "$OUT" && tar czf r.tgz.part r && mv r.tgz.part r.tgz); }
 health() { python3 -c 'import urllib.request as u, sys
 try: print(u.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read().decode())
 except Exception as e: print(e.read().decode() if hasattr(e, "read") else "{}"); sys.exit(1)' $PORT; }
@@ -39,10 +48,10 @@ fi
 if [ "$PHASE" = cold ]; then  # a fresh machine: nothing compiled, kept or timed before
     rm -rf ~/.cache/omnivoice/compiled ~/.cache/omnivoice/starts /tmp/torchinductor_* ~/.triton/cache
 fi
-log="$OUT/r/serve-$PHASE.log"
 t0=$(date +%s.%N)
-python3 -m omnivoice serve --profile "$PROFILE" --port $PORT > "$log" 2>&1 &
+setsid nohup python3 -m omnivoice serve --profile "$PROFILE" --port $PORT > "$log" 2>&1 < /dev/null &
 server=$!
+if [ "${KEEP:-0}" = 1 ]; then echo $server > "$STATE/server.pid"; echo "${t0%.*}" > "$STATE/t0"; fi
 ready=""
 for i in $(seq 1 ${START_LIMIT:-480}); do
     body=$(health) && { ready=1; break; }
@@ -51,14 +60,25 @@ for i in $(seq 1 ${START_LIMIT:-480}); do
     sleep 1
 done
 t1=$(date +%s.%N)
-python3 - "$log" "$PHASE" "$gpu" "$t0" "$t1" "${ready:-}" > "$OUT/r/start-$PHASE.json" <<'EOF'
+t2=""  # until no stage has graphs left to capture
+for i in $(seq 1 ${GRAPHS_LIMIT:-240}); do
+    [ -n "$ready" ] || break
+    body=$(health)
+    echo "$body" | grep -q graphs_pending || { t2=$(date +%s.%N); break; }
+    [ $((i % 5)) = 1 ] && echo "{\"t\": $(( $(date +%s) - ${t0%.*} )), \"health\": $body}" >> "$OUT/r/health-$PHASE.jsonl"
+    sleep 1
+done
+python3 - "$log" "$PHASE" "$gpu" "$t0" "$t1" "${ready:-}" "$t2" > "$OUT/r/start-$PHASE.json" <<'EOF'
 import json, re, sys, torch
-log, phase, gpu, t0, t1, ready = sys.argv[1:7]
+log, phase, gpu, t0, t1, ready, t2 = sys.argv[1:8]
 text = open(log, errors="replace").read()
 steps = {m[1]: float(m[2]) for m in re.finditer(r"start: (\S+ [^.\n]+?) done in ([\d.]+) s", text)}
 ready_in = re.search(r"engine ready in ([\d.]+) s", text)
 print(json.dumps({
     "engine_start_s": round(float(t1) - float(t0), 1), "ready": bool(ready), "start_caches": phase,
+    "all_graphs_s": round(float(t2) - float(t0), 1) if t2 else None,
+    "graphs_left_for_later": re.findall(r"\d+ of wider batches left for when the stage is idle", text),
+    "graphs_captured_after": re.findall(r"the \d+ CUDA graphs left for after the start are captured[^\n]*", text),
     "engine_ready_log_s": float(ready_in[1]) if ready_in else None, "gpu": gpu, "torch": torch.__version__,
     "reused_compiled": len(re.findall(r"compiled artifacts reused", text)),
     "compile_cache": re.findall(r"compile cache: \d+ graphs reused, \d+ compiled", text),
@@ -76,8 +96,9 @@ for c in ${CHAT:-32 1}; do
         --label "$PHASE start, c=$c" --output-json "$OUT/r/chat-$PHASE-c$c.json" > "$OUT/r/chat-$PHASE-c$c.log" 2>&1
     tail -12 "$OUT/r/chat-$PHASE-c$c.log"; pack
 done
+grep -E "ERROR|Traceback|WARNING .*corrupt" "$log" | head -20
+if [ "${KEEP:-0}" = 1 ]; then echo "the server stays up (pid $server)"; pack && rm -rf "$OUT/r"; exit 0; fi
 kill -TERM $server
 for _ in $(seq 1 60); do kill -0 $server 2>/dev/null || break; sleep 1; done
 kill -0 $server 2>/dev/null && kill -9 $server
-grep -E "ERROR|Traceback|WARNING .*corrupt" "$log" | head -20
 pack && rm -rf "$OUT/r"

@@ -8,7 +8,9 @@ requests it was working on, never the worker. Through its seat on the priority b
 the worker tells the workers on its device how urgent its work is, and learns how urgent theirs is:
 while any holds FIRST or DRY work, its own AHEAD requests wait (`defer_ahead`), and if all its work
 is AHEAD it gives way for a moment, at most `max_yield_ms` in a row. It also times its steps by batch
-size, what the engine's measured capacity is fitted to (engine/capacity.py).
+size, what the engine's measured capacity is fitted to (engine/capacity.py). While the runner has no
+work, the worker captures the CUDA graphs it left for after the start, one per idle turn of the loop
+(runners/graph_backlog.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from omnivoice.messages import (
     ThinkerChunk,
     TokenOutput,
 )
+from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.priority import Priority
 from omnivoice.types import STAGES, StageName, StageStats
 
@@ -81,6 +84,9 @@ class StageRunner(Protocol):
     def active_ids(self) -> list[str]: ...
 
     def stats(self) -> StageStats: ...
+
+    # Optionally `graph_backlog` (runners/graph_backlog.py): CUDA graphs left for after the start,
+    # which the worker captures one at a time while the runner has no work.
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ class StageWorker:
         # Requests aborted here recently (id -> when): messages already in flight for them (from the
         # upstream stage, sent before it saw the abort) must not start them again.
         self._aborted: OrderedDict[str, float] = OrderedDict()
+        # CUDA graphs the runner left for after the start (runners/graph_backlog.py); none by default
+        self._backlog: GraphBacklog = getattr(runner, "graph_backlog", None) or GraphBacklog(runner.name)
 
     def run(self) -> None:
         """Serve until Shutdown, the server going away, or a device fault (reported as StageCrashed)."""
@@ -160,8 +168,11 @@ class StageWorker:
                 msgs = self.inbox.drain()
             else:
                 self.seat.publish(None)
-                first = self.inbox.get(timeout=0.5)
+                # graphs left for after the start are captured while nothing else is to be done
+                first = self.inbox.get(timeout=0.0 if self._backlog else 0.5)
                 msgs = [] if first is None else [first, *self.inbox.drain()]
+                if not msgs and self._backlog:
+                    self._capture_one()
             if self.parent_pid is not None and time.monotonic() >= next_parent_check:
                 # busy or idle: a stage process must not go on computing for a server that is gone
                 next_parent_check = time.monotonic() + PARENT_CHECK_S
@@ -231,6 +242,7 @@ class StageWorker:
         clock = self._clock
         cpu0, runnable0 = clock.read() if clock is not None else (0.0, 0.0)
         started = time.perf_counter()
+        graphs = self._backlog.captured()
         try:
             outs = self.runner.step(defer_ahead)
         except Exception as e:
@@ -247,13 +259,24 @@ class StageWorker:
                 cpu1, runnable1 = clock.read()
                 self._step_time.cpu_s += cpu1 - cpu0
                 self._step_time.runnable_s += runnable1 - runnable0
+        self._route(outs)
+        if self._backlog.captured() != graphs:
+            return  # it captured a graph left for later first: not a step time to learn from
         self._report_slow("a step", took)
         stats = self.runner.stats()
         if not stats.last_step_prefilled:  # a warm-up burst's or a wave's prefill is no decode step
             self._step_times.add(stats.last_batch_size, took)
         usual = self._usual_step_s
         self._usual_step_s = took if usual is None else 0.9 * usual + 0.1 * took
-        self._route(outs)
+
+    def _capture_one(self) -> None:
+        """Capture one graph left for after the start; a failure there is a failed step's."""
+        try:
+            self._backlog.capture_next()
+        except Exception as e:
+            if is_device_fault(e):
+                raise DeviceFault(f"{self.runner.name}: {e}") from e
+            log.exception("%s stage: capturing a CUDA graph left for later failed", self.runner.name)
 
     def _report_slow(self, what: str, took: float) -> None:
         usual = self._usual_step_s
@@ -314,7 +337,12 @@ class StageWorker:
         # stage went idle, so readers never see finished requests as still running.
         now = time.monotonic()
         self._expire_tombstones()
-        stats = replace(self.runner.stats(), routes=len(self._next), tombstones=len(self._aborted))
+        stats = replace(
+            self.runner.stats(),
+            routes=len(self._next),
+            tombstones=len(self._aborted),
+            graphs_pending=len(self._backlog),
+        )
         busy = self.runner.has_work()
         idle_change = not busy and stats != self._sent_stats
         interval = STATS_INTERVAL_S if busy else IDLE_STATS_INTERVAL_S

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
 from omnivoice.runners.decoder import DecoderStack
+from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.graphs import StepGraphs, batch_buckets, bucket, kv_buckets
 from omnivoice.runners.kv_cache import SlotKVCache
 from omnivoice.runners.transfer import to_device
@@ -72,25 +74,48 @@ class DecodeStep:
         name the scratch slot."""
         return to_device(slots + [self.cache.scratch] * (self.rows(len(slots)) - len(slots)), self.device)
 
-    def capture_all(self, hidden_size: int, dtype: torch.dtype) -> None:
-        """Capture every (batch bucket, KV bucket) graph now, so none is captured while serving."""
+    def capture_all(
+        self,
+        hidden_size: int,
+        dtype: torch.dtype,
+        widest: int | None = None,
+        backlog: GraphBacklog | None = None,
+    ) -> None:
+        """Capture the (batch bucket, KV bucket) graphs now, so none is captured while serving; with
+        `widest` and `backlog`, only the buckets of up to `widest` rows, the wider ones left in
+        `backlog` (narrowest first)."""
         if not self.graphs.enabled:
             return
         began = time.perf_counter()
+        later = 0
         for rows in self.batch_sizes:
-            inputs = torch.zeros(rows, 1, hidden_size, dtype=dtype, device=self.device)
-            slot_idx = torch.full((rows,), self.cache.scratch, dtype=torch.long, device=self.device)
-            start_idx = torch.zeros(rows, dtype=torch.long, device=self.device)
             for kv_len in self.kv_sizes:
-                self._run(rows, kv_len, inputs, slot_idx, start_idx)
+                if backlog is not None and widest is not None and rows > widest:
+                    backlog.add(self.graphs, (rows, kv_len), self._capturer(rows, kv_len, hidden_size, dtype))
+                    later += 1
+                else:
+                    self._capturer(rows, kv_len, hidden_size, dtype)()
         log.info(
-            "%s: %d CUDA graphs captured in %.1f s (batch %s x KV length %s)",
+            "%s: %d CUDA graphs captured in %.1f s (batch %s x KV length %s)%s",
             self.name,
             len(self.graphs.captured),
             time.perf_counter() - began,
-            list(self.batch_sizes),
+            [r for r in self.batch_sizes if widest is None or backlog is None or r <= widest],
             list(self.kv_sizes),
+            f"; {later} of wider batches left for when the stage is idle" if later else "",
         )
+
+    def _capturer(self, rows: int, kv_len: int, hidden_size: int, dtype: torch.dtype) -> Callable[[], object]:
+        """A call that captures the (rows, kv_len) graph from padding rows (the scratch slot)."""
+
+        def capture() -> object:
+            inputs = torch.zeros(rows, 1, hidden_size, dtype=dtype, device=self.device)
+            slot_idx = torch.full((rows,), self.cache.scratch, dtype=torch.long, device=self.device)
+            start_idx = torch.zeros(rows, dtype=torch.long, device=self.device)
+            with torch.inference_mode():
+                return self._run(rows, kv_len, inputs, slot_idx, start_idx)
+
+        return capture
 
     def _run(self, rows, kv_len, inputs, slot_idx, start_idx) -> tuple[torch.Tensor, ...]:
         tensors = {"inputs": inputs, "slot_idx": slot_idx, "start_idx": start_idx}

@@ -75,6 +75,11 @@ class StepGraphs:
     `key` must determine every input shape and every value in `static` (Python scalars baked into
     the graph, such as a KV-length bucket). Outputs are returned as fresh tensors.
 
+    A key can be left for later (`defer`) with a call that captures it from padding inputs. A step
+    that meets such a key first captures it through that call, never from its own inputs: a capture
+    runs the function eagerly once before recording it, and a step's own rows would then update
+    their per-slot state (KV positions, sampler counts) twice.
+
     Each instance captures on a stream of its own. cuBLAS keeps one workspace per (handle, stream),
     and a captured GEMM keeps the workspace it was captured with: graphs captured on one shared
     stream would all write the same workspace, and graphs of different stages replay at the same
@@ -89,6 +94,7 @@ class StepGraphs:
         self.pool = torch.cuda.graph_pool_handle() if enabled else None
         self.captured: dict[Hashable, _Captured] = {}
         self.capture_s = 0.0
+        self._deferred: dict[Hashable, Callable[[], object]] = {}  # key -> the call that captures it
         self._streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None  # warm-up, capture
 
     def __call__(
@@ -97,12 +103,31 @@ class StepGraphs:
         if not self.enabled:
             return self.fn(**inputs, **static)
         entry = self.captured.get(key)
+        if entry is None and self.capture_deferred(key):
+            entry = self.captured.get(key)
         if entry is None:
             entry = self._capture(key, inputs, static)
         for name, value in inputs.items():
             entry.inputs[name].copy_(value, non_blocking=True)
         entry.graph.replay()
         return tuple(out.clone() for out in entry.outputs)
+
+    def defer(self, key: Hashable, capture: Callable[[], object]) -> None:
+        """Leave `key` for later: `capture()` captures it (by calling this instance with padding
+        inputs for `key`), at `capture_deferred(key)` or when a step first needs it."""
+        if self.enabled and key not in self.captured:
+            self._deferred[key] = capture
+
+    def capture_deferred(self, key: Hashable) -> bool:
+        """Capture a deferred `key` now; False if it was not deferred (or is captured already)."""
+        capture = self._deferred.pop(key, None)
+        if capture is None:
+            return False
+        capture()
+        return True
+
+    def is_deferred(self, key: Hashable) -> bool:
+        return key in self._deferred
 
     def _capture(self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]) -> _Captured:
         began = time.perf_counter()

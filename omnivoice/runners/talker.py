@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +31,7 @@ from omnivoice.messages import AudioStarted, StageFinished, ThinkerChunk
 from omnivoice.runners.code_predictor import CodePredictor
 from omnivoice.runners.decode_step import DecodeStep, pad_rows
 from omnivoice.runners.decoder import DecoderStack
+from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.graphs import StepGraphs
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
@@ -110,6 +112,7 @@ class TalkerRunner:
         self._steps = 0
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
+        self.graph_backlog = GraphBacklog(self.name)  # graphs of wide batches captured once serving
         steps = start or StartSteps(self.name)
         if graphs:
             with steps.step("graphs"):
@@ -295,25 +298,39 @@ class TalkerRunner:
 
     @torch.inference_mode()
     def _capture_graphs(self) -> None:
-        """Capture the decode, code-predictor and sampling graphs of every batch bucket before serving."""
-        ht = self.talker_inputs.hidden_size
-        self.decode_step.capture_all(ht, self.dtype)
+        """Capture the decode, code-predictor and sampling graphs of every batch bucket before serving,
+        or of those up to `graphs_at_start` rows, the wider ones left in `graph_backlog`."""
+        ht, widest = self.talker_inputs.hidden_size, self.cfg.graphs_at_start
+        self.decode_step.capture_all(ht, self.dtype, widest, self.graph_backlog)
         began = time.perf_counter()
-        groups = self.spec.num_code_groups - 1
         for rows in self.decode_step.batch_sizes:
-            zeros = torch.zeros(rows, ht, dtype=self.dtype, device=self.device)
-            uniforms = torch.zeros(rows, groups, device=self.device)
-            self.predictor.predict(
-                zeros, zeros, uniforms, torch.ones(rows, dtype=torch.bool, device=self.device)
-            )
-            # padding rows only: the capture's warm-up runs record tokens in the scratch slot alone
-            scratch = torch.full((rows,), self.cache.scratch, dtype=torch.long, device=self.device)
-            self.sample_graphs(rows, {"hidden": zeros, "slot_idx": scratch, "u": uniforms[:, 0]})
+            if widest is not None and rows > widest:
+                self.graph_backlog.add(self.predictor.run, rows, self._frame_capturer(rows))
+                self.graph_backlog.add(self.sample_graphs, rows, self._frame_capturer(rows))
+            else:
+                self._frame_capturer(rows)()
         log.info(
             "code predictor and sampling: %d CUDA graphs captured in %.1f s",
             len(self.predictor.run.captured) + len(self.sample_graphs.captured),
             time.perf_counter() - began,
         )
+
+    def _frame_capturer(self, rows: int) -> Callable[[], object]:
+        """A call that captures a frame's code-predictor and sampling graphs of `rows` from padding."""
+
+        def capture() -> object:
+            ht = self.talker_inputs.hidden_size
+            with torch.inference_mode():
+                zeros = torch.zeros(rows, ht, dtype=self.dtype, device=self.device)
+                uniforms = torch.zeros(rows, self.spec.num_code_groups - 1, device=self.device)
+                greedy = torch.ones(rows, dtype=torch.bool, device=self.device)
+                out = self.predictor.predict(zeros, zeros, uniforms, greedy)
+                # padding rows only: the capture's warm-up runs record tokens in the scratch slot alone
+                scratch = torch.full((rows,), self.cache.scratch, dtype=torch.long, device=self.device)
+                self.sample_graphs(rows, {"hidden": zeros, "slot_idx": scratch, "u": uniforms[:, 0]})
+                return out
+
+        return capture
 
 
 def _playback(seq: TalkerSeq) -> Playback:

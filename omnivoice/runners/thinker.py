@@ -31,6 +31,7 @@ from omnivoice.runners.audio_encoder import AudioEncoder, audio_tower
 from omnivoice.runners.constraints import Constraints
 from omnivoice.runners.decode_step import DecodeStep
 from omnivoice.runners.decoder import DecoderStack
+from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.prefix_cache import PrefixCache
 from omnivoice.runners.priority import PlaybackPolicy, Priority
 from omnivoice.runners.slot_sampling import SlotSampler
@@ -101,10 +102,13 @@ class ThinkerRunner:
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
         self._cached_tokens = 0
+        self.graph_backlog = GraphBacklog(self.name)  # graphs of wide batches captured once serving
         steps = start or StartSteps(self.name)
         if graphs:
             with steps.step("decode graphs"), torch.inference_mode():
-                self.decode_step.capture_all(text_model.config.hidden_size, thinker.dtype)
+                self.decode_step.capture_all(
+                    text_model.config.hidden_size, thinker.dtype, cfg.graphs_at_start, self.graph_backlog
+                )
         if self.stack.compiles_prefill:
             with steps.step("prefill compile"), torch.inference_mode():
                 self.stack.warm_prefill(self.cache, thinker.dtype)

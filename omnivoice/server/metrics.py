@@ -187,10 +187,16 @@ class ServerStateCollector(Collector):
                 "Entries of a stage worker's per-request tables (tombstones: recently aborted ids)",
                 labels=["stage", "replica", "table"],
             )
+            graphs = GaugeMetricFamily(
+                "omnivoice_stage_graphs_pending",
+                "CUDA graphs of wide batches a stage worker still captures after the start, while idle",
+                labels=["stage", "replica"],
+            )
             for w in engine["workers"]:
                 stage, replica = w["name"], str(w["replica"])
                 for table in ("queued", "running", "routes", "tombstones", "prefixes", "kv_slots_used"):
                     tables.add_metric([stage, replica, table], w[table])
+                graphs.add_metric([stage, replica], w["graphs_pending"])
                 if w["pid"] and w["pid"] != proc["pid"]:  # a process of its own
                     rss.add_metric([f"{stage}-{replica}"], w["rss_bytes"])
                     fds.add_metric([f"{stage}-{replica}"], w["open_fds"])
@@ -198,7 +204,7 @@ class ServerStateCollector(Collector):
                 "omnivoice_engine_conversations", "Conversations the engine routes to a thinker replica"
             )
             conversations.add_metric([], engine["conversations"])
-            yield from (tables, conversations)
+            yield from (tables, graphs, conversations)
         yield from (rss, fds)
 
 

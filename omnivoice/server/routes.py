@@ -10,7 +10,8 @@ from omnivoice.server.errors import not_found
 
 
 async def health(request: Request) -> Response:
-    """200 `{"status": "ok"}` once the engine is up; 503 while it is starting (with `progress`: the
+    """200 `{"status": "ok"}` once the engine is up (with `graphs_pending` per stage while CUDA graphs
+    of wide batches are still being captured after the start); 503 while it is starting (with `progress`: the
     steps of the start so far and what remains, engine/start_progress.py), failed, draining (shutting
     down) or closed."""
     lifecycle = request.app.state.lifecycle
@@ -18,7 +19,9 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "draining"}, status_code=503)
     failure = lifecycle.engine.failure if lifecycle.state == "ready" else None
     if lifecycle.state == "ready" and not failure:
-        return JSONResponse({"status": "ok"})
+        # CUDA graphs of wide batches still to be captured after the start (runners/graph_backlog.py)
+        pending = {s.name: s.graphs_pending for s in lifecycle.engine.stats().stages if s.graphs_pending}
+        return JSONResponse({"status": "ok", "graphs_pending": pending} if pending else {"status": "ok"})
     restarting = bool(failure) and lifecycle.engine.restarting
     body = {"status": "restarting" if restarting else "failed" if failure else lifecycle.state}
     if lifecycle.state == "starting":

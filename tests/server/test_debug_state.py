@@ -41,6 +41,18 @@ def test_state_lists_sessions_engine_tables_and_process_figures() -> None:
         assert line in metrics
 
 
+def test_health_and_metrics_say_how_many_graphs_are_left_for_after_the_start() -> None:
+    with serve_fake() as s:
+        assert httpx.get(f"{s.url}/health").json() == {"status": "ok"}
+        s.engines[0].graphs_pending = 12
+        health = httpx.get(f"{s.url}/health")
+        metrics = httpx.get(f"{s.url}/metrics").text
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok", "graphs_pending": {"talker": 12}}
+    assert 'omnivoice_stage_graphs_pending{replica="0",stage="talker"} 12.0' in metrics
+    assert 'omnivoice_stage_graphs_pending{replica="0",stage="thinker"} 0.0' in metrics
+
+
 def test_state_is_refused_to_other_than_loopback_clients() -> None:
     app = create_app(parse_profile({}), FakeEngine.factory(None, engines=[]))
     with TestClient(app, base_url="http://localhost") as client:  # its client address is "testclient"

@@ -131,6 +131,7 @@ class FakeEngine:
     # what capacity() reports: the real-time streams measured (None: not yet), an admitted one stalled
     streams: int | None = None
     stalled: bool = False
+    graphs_pending: int = 0  # the talker's CUDA graphs left for after the start, as a worker reports them
 
     @classmethod
     def factory(
@@ -254,7 +255,12 @@ class FakeEngine:
 
     def stats(self) -> EngineStats:
         running = len(self.running)
-        stages = tuple(StageStats(name, 0, running, running, 7) for name in ("thinker", "talker", "code2wav"))
+        stages = tuple(
+            StageStats(
+                name, 0, running, running, 7, graphs_pending=self.graphs_pending if name == "talker" else 0
+            )
+            for name in ("thinker", "talker", "code2wav")
+        )
         return EngineStats(stages=stages, active_requests=running, capacity=self.capacity())
 
     def capacity(self) -> Capacity:
