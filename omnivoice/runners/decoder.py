@@ -17,8 +17,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import apply_rotary_pos_emb
 
-from omnivoice.runners import fused_layers
-from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, MoeWeights, decode_layer, layer_weights
+from omnivoice.runners.fused_layers import CompiledFn, LayerWeights, decode_layer, layer_weights
 from omnivoice.runners.graphs import bucket, kv_buckets
 from omnivoice.runners.kv_cache import SlotKVCache, write_read
 from omnivoice.runners.transfer import to_device
@@ -182,25 +181,20 @@ class DecoderStack:
     def warm_prefill(self, cache: SlotKVCache, dtype: torch.dtype) -> None:
         """Compile the fused layers at prompt shapes before serving, or the first requests would wait
         for it (a compile takes seconds, and a burst whose shape is first met while serving stalls
-        every request in it). The MoE's grouping switches past `fused_layers.SCAN_PAIRS` pairs, so two
-        kinds of prompt batch are run once each, below and past the switch (a one-row batch is run as
-        two rows, see `prefill`). Borrows free slots and gives them back."""
+        every request in it). One kind of prompt batch is compiled: every prompt's MoE groups its
+        pairs by a sort (`fused_layers.moe`), and a one-row batch is run as two rows (see `prefill`).
+        Borrows free slots and gives them back."""
         if not self.compiles_prefill:
             return
         began = time.perf_counter()
-        moes = [w.mlp for w in self._fused if w is not None and isinstance(w.mlp, MoeWeights)]
-        past = fused_layers.SCAN_PAIRS // max(m.top_k for m in moes) + 1 if moes else 0  # tokens
-        shapes = [(2, 16), (2, -(-past // 2))] if moes else [(2, 16)]
         hidden = self.layers[0].input_layernorm.weight.shape[0]
         device = cache.k.device
-        for rows, t in shapes:
-            if t > cache.max_len or rows > cache.free_slots:
-                continue  # a batch no request can bring
+        rows, t = 2, 16
+        if t <= cache.max_len and rows <= cache.free_slots:  # else a batch no request can bring
             slots = [cache.alloc() for _ in range(rows)]
             try:
-                self.prefill(
-                    torch.zeros(rows, t, hidden, dtype=dtype, device=device), cache, slots, [0] * rows
-                )
+                inputs = torch.zeros(rows, t, hidden, dtype=dtype, device=device)
+                self.prefill(inputs, cache, slots, [0] * rows)
             finally:
                 for slot in slots:
                     cache.release(slot)

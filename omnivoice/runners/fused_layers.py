@@ -29,8 +29,9 @@ from omnivoice.runners.kv_cache import write_read
 
 log = logging.getLogger(__name__)
 
-# (token, expert) pairs above which `moe` groups them by a sort rather than the one-hot scan: a decode
-# step of 32 rows has 256 pairs in the thinker, a 32-prompt prefill tens of thousands
+# (token, expert) pairs above which a decode step's `moe` groups them by a sort rather than the one-hot
+# scan: a decode step of 32 rows has 256 pairs in the thinker (prompts always sort: tens of thousands
+# of pairs in a burst, and one compiled graph for every prompt batch)
 SCAN_PAIRS = 2048
 
 
@@ -195,7 +196,9 @@ def attention_outputs(
     x = rms_norm(h, w.post_norm, w.eps)
     if isinstance(w.mlp, DenseWeights):
         return h + _dense(x, w.mlp)
-    return h + moe(x.view(b * t, -1), w.mlp).view(b, t, -1)
+    # prompts (t > 1) always group their pairs by a sort, so one compiled prefill graph serves every
+    # prompt batch; a decode step (t == 1) scans unless it brings more than SCAN_PAIRS pairs
+    return h + moe(x.view(b * t, -1), w.mlp, sort=t > 1).view(b, t, -1)
 
 
 def _dense(x: torch.Tensor, w: DenseWeights) -> torch.Tensor:
@@ -203,9 +206,10 @@ def _dense(x: torch.Tensor, w: DenseWeights) -> torch.Tensor:
     return F.linear(F.silu(gate) * up, w.down)
 
 
-def moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
+def moe(x: torch.Tensor, w: MoeWeights, sort: bool = False) -> torch.Tensor:
     """x [N, H] -> [N, H]: top-k of the softmax router, experts as two grouped GEMMs over the
-    (token, expert) pairs grouped by expert, weighted and summed back per token (deterministic)."""
+    (token, expert) pairs grouped by expert, weighted and summed back per token (deterministic).
+    `sort`: group by a sort whatever the number of pairs (the two groupings give the same result)."""
     n, hidden = x.shape
     experts = w.gate_up.shape[0]
     probs = F.linear(x, w.router).float().softmax(-1)
@@ -214,7 +218,7 @@ def moe(x: torch.Tensor, w: MoeWeights) -> torch.Tensor:
         top = top / top.sum(-1, keepdim=True)
     weights = top.to(x.dtype).reshape(-1)
     pairs = chosen.reshape(-1)  # [P], P = N*k, pair p = (token p // k, expert pairs[p])
-    if pairs.shape[0] > SCAN_PAIRS:
+    if sort or pairs.shape[0] > SCAN_PAIRS:
         # A prefill: group the pairs by a stable sort on their expert. The one-hot scan below does
         # [P, E] work, which dominates a layer once a burst of prompts brings thousands of pairs
         # (BENCHMARKS.md compares the two); both give the same groups in the same order.

@@ -167,16 +167,11 @@ def test_a_batched_prefill_equals_each_row_alone(tiny_checkpoint: Path, starts: 
             torch.testing.assert_close(batched[b, :n], alone[b], rtol=1e-4, atol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("sort_above", [None, 0])
-def test_a_fused_prefill_gives_what_transformers_modules_give(
-    tiny_checkpoint: Path, sort_above: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_fused_prefill_gives_what_transformers_modules_give(tiny_checkpoint: Path) -> None:
     """The GPU's prefill through the fused layers (`DecoderStack.prefill`), run eagerly on the CPU, of
     right-padded prompts (one after a cached prefix) against the layers' transformers modules: the
     outputs and kept hidden states at every real position, the keys and values written, the slots'
-    lengths. With sort_above=0 the MoE groups its pairs by a sort (a large prefill's way)."""
-    if sort_above is not None:
-        monkeypatch.setattr(fused_layers, "SCAN_PAIRS", sort_above)
+    lengths. The MoE groups a prompt's pairs by a sort, however few they are."""
     profile = _profile(tiny_checkpoint, "cpu", "eager")
     runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
     gen = torch.Generator().manual_seed(3)
@@ -269,7 +264,7 @@ def test_compiled_decode_layers_match_the_plain_ones(
 ) -> None:
     """torch.compile of the fused layer (inductor's C++ backend on the CPU, in bf16 as on a GPU):
     the whole layer compiles as one graph (no eager fallback) and computes what the plain one does,
-    also with the MoE's sort-based grouping of a prefill (sort_above=0)."""
+    also with the MoE's sort-based grouping of a step past SCAN_PAIRS (sort_above=0)."""
     if sort_above is not None:
         monkeypatch.setattr(fused_layers, "SCAN_PAIRS", sort_above)
     profile = _profile(tiny_checkpoint, "cpu", "eager", "bfloat16")
@@ -310,23 +305,50 @@ def test_a_layer_that_cannot_compile_runs_eagerly_with_a_warning(
     torch.testing.assert_close(out, plain)
 
 
-def test_warm_prefill_compiles_both_moe_groupings_and_gives_the_slots_back(
-    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def _prefill(stack, cache, rows: int, t: int, hidden: int) -> None:
+    slots = [cache.alloc() for _ in range(rows)]
+    stack.prefill(torch.zeros(rows, t, hidden, dtype=torch.bfloat16), cache, slots, [0] * rows)
+    for slot in slots:
+        cache.release(slot)
+
+
+def test_every_prompt_batch_groups_its_moe_pairs_by_a_sort(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A compiled stack runs a short prompt and a burst past SCAN_PAIRS at start, so neither compiles
-    on a request; the slots it borrowed are free again and hold no length."""
-    monkeypatch.setattr(fused_layers, "SCAN_PAIRS", 8)  # a small burst is enough to take the sort
+    """A short prompt (far fewer pairs than SCAN_PAIRS) takes the sort too; a decode step does not."""
+    profile = _profile(tiny_checkpoint, "cpu", "eager", "bfloat16")
+    runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
+    stack, cache = _stacks(runners)["thinker"]
+    calls: list[int] = []
+    sort_pairs = fused_layers._sort_pairs
+    monkeypatch.setattr(fused_layers, "_sort_pairs", lambda *a: calls.append(1) or sort_pairs(*a))
+    hidden = stack.layers[0].input_layernorm.weight.shape[0]
+    with torch.inference_mode():
+        stack.fuse(prefill=True)
+        _step(stack, cache, torch.zeros(2, 1, hidden, dtype=torch.bfloat16))
+        assert not calls, "a decode step of two rows sorted its pairs"
+        _prefill(stack, cache, 1, 3, hidden)
+    assert calls, "a short prompt did not take the sort-based grouping"
+
+
+def test_warm_prefill_compiles_the_one_kind_of_prompt_batch_and_gives_the_slots_back(
+    tiny_checkpoint: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A compiled stack runs one short prompt batch at start; prompt batches of other sizes and
+    lengths then compile nothing on a request. The slots it borrowed are free again and hold no
+    length."""
     profile = _profile(tiny_checkpoint, "cpu", "eager", "bfloat16")
     runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))
     stack, cache = _stacks(runners)["thinker"]
     free = cache.free_slots
-    calls: list[int] = []
-    sort_pairs = fused_layers._sort_pairs
-    monkeypatch.setattr(fused_layers, "_sort_pairs", lambda *a: calls.append(1) or sort_pairs(*a))
+    hidden = stack.layers[0].input_layernorm.weight.shape[0]
     with torch.inference_mode(), caplog.at_level(logging.INFO, logger="omnivoice.runners.decoder"):
         stack.fuse(compile=True, prefill=True)
         stack.warm_prefill(cache, torch.bfloat16)
-    assert stack._layer.compiled, "the prefill shapes fell back to eager"
-    assert calls, "the burst did not take the sort-based grouping"
-    assert cache.free_slots == free and not any(cache.lengths)
+        assert stack._layer.compiled, "the prefill shape fell back to eager"
+        assert cache.free_slots == free and not any(cache.lengths)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        for rows, t in ((3, 40), (1, 5), (4, 9)):
+            _prefill(stack, cache, rows, t, hidden)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "a prompt batch compiled again"
     assert "prefill layers compiled" in caplog.text
