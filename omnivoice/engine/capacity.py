@@ -55,6 +55,16 @@ class StepTimes:
         return tuple((b, statistics.median(self._recent[b]), self._count[b]) for b in sorted(self._recent))
 
 
+def carry_step_times(
+    carried: Sequence[tuple[int, float, int]], fresh: Sequence[tuple[int, float, int]]
+) -> tuple[tuple[int, float, int], ...]:
+    """A restarted worker's step times: its own for the batch sizes it has timed, its predecessor's
+    (`carried`) for the others, by size."""
+    by_size = {b: (b, t, n) for b, t, n in carried}
+    by_size.update({b: (b, t, n) for b, t, n in fresh})
+    return tuple(by_size[b] for b in sorted(by_size))
+
+
 def fit(times: Sequence[tuple[int, float, int]]) -> tuple[float, float] | None:
     """(base, per-request) seconds of a step from (batch, seconds, steps) per size, the sizes with at
     least MIN_SIZE_STEPS steps; None if there are none."""

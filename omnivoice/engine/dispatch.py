@@ -12,8 +12,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from omnivoice.config import Profile
+from omnivoice.engine.capacity import carry_step_times
 from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.request_state import RequestState
 from omnivoice.engine.routing import ReplicaRouter
@@ -46,6 +48,7 @@ class Dispatch:
     _progress: ProgressWatch
     _router: ReplicaRouter
     _stage_stats: dict[tuple[str, int], StageStats]
+    _carried: dict[tuple[str, int], tuple[tuple[int, float, int], ...]]  # step times of replaced workers
     _closed: bool
 
     def replica_stats(self) -> tuple[StageStats, ...]:
@@ -162,14 +165,23 @@ class Dispatch:
 
     def _reset_routing(self) -> None:
         p = self._pipeline
-        self._stage_stats: dict[tuple[str, int], StageStats] = {
-            (s, r): StageStats(s, 0, 0, 0, 0, replica=r) for s in STAGES for r in range(p.replicas(s))
+        # A restarted worker has timed no step yet; the step times its predecessor measured (the
+        # start's calibration, then served steps) stand in for each batch size until it has timed
+        # that size itself, so admission does not fall back to what a fresh server knows.
+        self._carried = {key: st.step_times for key, st in self._stage_stats.items() if st.step_times}
+        self._stage_stats = {
+            (s, r): StageStats(s, 0, 0, 0, 0, replica=r, step_times=self._carried.get((s, r), ()))
+            for s in STAGES
+            for r in range(p.replicas(s))
         }
         self._router = ReplicaRouter(*(p.replicas(s) for s in STAGES))
         self._progress.reset(self._stage_stats, time.monotonic())
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, StageStats):
+            carried = self._carried.get((msg.name, msg.replica))
+            if carried:
+                msg = replace(msg, step_times=carry_step_times(carried, msg.step_times))
             self._stage_stats[(msg.name, msg.replica)] = msg
             self._progress.seen(msg.name, msg.replica, time.monotonic())
             return

@@ -75,6 +75,7 @@ class Engine(Dispatch):
         self._requests: dict[str, RequestState] = {}
         self._lock = threading.Lock()
         self._progress = ProgressWatch(profile.stages.stuck_after_s)
+        self._stage_stats = {}  # no worker has reported yet
         self._reset_routing()
         self._closed = False
         # requests one replica of each stage may hold (running + waiting); more are refused at once

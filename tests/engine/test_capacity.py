@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from omnivoice.config import CapacityConfig
-from omnivoice.engine.capacity import RECENT, StepTimes, engine_capacity, fit, stage_streams
+from omnivoice.engine.capacity import RECENT, StepTimes, carry_step_times, engine_capacity, fit, stage_streams
 from omnivoice.types import Capacity, StageStats
 
 CFG = CapacityConfig(headroom=0.8, min_steps=10)
@@ -94,3 +94,14 @@ def test_a_refusal_says_why() -> None:
     assert "behind real time" in (Capacity(None, 3, -0.3, stalled=True).refusal(promised=1) or "")
     # with nothing promised one stream is always admitted: only serving measures again
     assert Capacity(0, 0, -0.3, stalled=True).refusal(promised=0) is None
+
+
+def test_a_restarted_worker_keeps_its_predecessors_step_times_until_it_times_a_size_itself() -> None:
+    carried = ((1, 0.010, 9), (4, 0.012, 9), (16, 0.020, 9))
+    assert carry_step_times(carried, ()) == carried
+    assert carry_step_times(carried, ((4, 0.013, 2), (8, 0.015, 5))) == (
+        (1, 0.010, 9),
+        (4, 0.013, 2),
+        (8, 0.015, 5),
+        (16, 0.020, 9),
+    )

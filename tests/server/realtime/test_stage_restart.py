@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from omnivoice.engine.dispatch import RESTARTING
+from tests.support.polling import until
 from tests.support.realtime_client import Recorder, client
 from tests.support.serve import ServerThread, serve_tiny
 from tests.support.speech import fixed
@@ -31,6 +32,11 @@ ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "t
 def server(tiny_checkpoint: Path) -> Iterator[ServerThread]:
     with serve_tiny(tiny_checkpoint, worker="process") as st:
         yield st
+
+
+def _step_sizes(engine: Any) -> dict[str, set[int]]:
+    """The batch sizes each stage's worker has step times for, as admission sees them."""
+    return {w.name: {b for b, _, _ in w.step_times} for w in engine.replica_stats()}
 
 
 async def _health_until_ok(url: str, timeout: float) -> list[str]:
@@ -60,11 +66,15 @@ async def test_a_dead_stage_fails_the_response_keeps_the_session_and_the_next_tu
         await conn.response.create()
         await rec.next("response.output_audio.delta", timeout=120)
         assert engine._requests  # the engine is still making it
+        await until(lambda: all(w.step_times for w in engine.replica_stats()), 60, "every stage's step times")
+        sizes_before = _step_sizes(engine)
         talker = next(p for p in engine._pipeline.processes if "-talker-" in p.name)
         os.kill(talker.pid, signal.SIGKILL)
         failed = await rec.next("response.done", timeout=60)
         error = next(e for _, e in rec.events if e.type == "error")
         seen = await _health_until_ok(server.base_url, 900)
+        # the restarted workers have stepped nothing yet: admission still knows their predecessors' times
+        sizes_after = _step_sizes(engine)
         # the session is still open: its next turn is answered by the restarted stages
         await conn.session.update(session=fixed(4, 10))
         await conn.conversation.item.create(item=ITEM)  # type: ignore[arg-type]
@@ -72,6 +82,8 @@ async def test_a_dead_stage_fails_the_response_keeps_the_session_and_the_next_tu
         done = await rec.next("response.done", timeout=120)
         audio = rec.audio(done.response.id)
         await rec.close()
+    for stage, sizes in sizes_before.items():
+        assert sizes and sizes <= sizes_after[stage], (stage, sizes, sizes_after[stage])
     assert failed.response.status == "failed", failed.response.status_details
     details = failed.response.status_details
     assert details is not None and details.error is not None and details.error.code == "engine_error"
