@@ -87,20 +87,23 @@ class DecodeStep:
         if not self.graphs.enabled:
             return
         began = time.perf_counter()
+        now = [r for r in self.batch_sizes if backlog is None or widest is None or r <= widest]
         later = 0
         for rows in self.batch_sizes:
             for kv_len in self.kv_sizes:
-                if backlog is not None and widest is not None and rows > widest:
-                    backlog.add(self.graphs, (rows, kv_len), self._capturer(rows, kv_len, hidden_size, dtype))
-                    later += 1
+                capture = self._capturer(rows, kv_len, hidden_size, dtype)
+                if rows in now:
+                    capture()
                 else:
-                    self._capturer(rows, kv_len, hidden_size, dtype)()
+                    assert backlog is not None
+                    backlog.add(self.graphs, (rows, kv_len), capture)
+                    later += 1
         log.info(
             "%s: %d CUDA graphs captured in %.1f s (batch %s x KV length %s)%s",
             self.name,
             len(self.graphs.captured),
             time.perf_counter() - began,
-            [r for r in self.batch_sizes if widest is None or backlog is None or r <= widest],
+            now,
             list(self.kv_sizes),
             f"; {later} of wider batches left for when the stage is idle" if later else "",
         )

@@ -304,31 +304,45 @@ class TalkerRunner:
         self.decode_step.capture_all(ht, self.dtype, widest, self.graph_backlog)
         began = time.perf_counter()
         for rows in self.decode_step.batch_sizes:
-            if widest is not None and rows > widest:
-                self.graph_backlog.add(self.predictor.run, rows, self._frame_capturer(rows))
-                self.graph_backlog.add(self.sample_graphs, rows, self._frame_capturer(rows))
-            else:
-                self._frame_capturer(rows)()
+            predictor = (self.predictor.run, self._predictor_capturer(rows))
+            sampling = (self.sample_graphs, self._sampling_capturer(rows))
+            for graphs, capture in (predictor, sampling):
+                if widest is not None and rows > widest:
+                    self.graph_backlog.add(graphs, rows, capture)
+                else:
+                    capture()
         log.info(
             "code predictor and sampling: %d CUDA graphs captured in %.1f s",
             len(self.predictor.run.captured) + len(self.sample_graphs.captured),
             time.perf_counter() - began,
         )
 
-    def _frame_capturer(self, rows: int) -> Callable[[], object]:
-        """A call that captures a frame's code-predictor and sampling graphs of `rows` from padding."""
+    def _predictor_capturer(self, rows: int) -> Callable[[], object]:
+        """A call that captures the code predictor's frame graph of `rows` from padding rows."""
 
         def capture() -> object:
-            ht = self.talker_inputs.hidden_size
             with torch.inference_mode():
-                zeros = torch.zeros(rows, ht, dtype=self.dtype, device=self.device)
+                zeros = torch.zeros(
+                    rows, self.talker_inputs.hidden_size, dtype=self.dtype, device=self.device
+                )
                 uniforms = torch.zeros(rows, self.spec.num_code_groups - 1, device=self.device)
                 greedy = torch.ones(rows, dtype=torch.bool, device=self.device)
-                out = self.predictor.predict(zeros, zeros, uniforms, greedy)
+                return self.predictor.predict(zeros, zeros, uniforms, greedy)
+
+        return capture
+
+    def _sampling_capturer(self, rows: int) -> Callable[[], object]:
+        """A call that captures the codebook-0 sampling graph of `rows` from padding rows."""
+
+        def capture() -> object:
+            with torch.inference_mode():
+                zeros = torch.zeros(
+                    rows, self.talker_inputs.hidden_size, dtype=self.dtype, device=self.device
+                )
                 # padding rows only: the capture's warm-up runs record tokens in the scratch slot alone
                 scratch = torch.full((rows,), self.cache.scratch, dtype=torch.long, device=self.device)
-                self.sample_graphs(rows, {"hidden": zeros, "slot_idx": scratch, "u": uniforms[:, 0]})
-                return out
+                u = torch.zeros(rows, device=self.device)
+                return self.sample_graphs(rows, {"hidden": zeros, "slot_idx": scratch, "u": u})
 
         return capture
 

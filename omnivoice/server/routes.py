@@ -20,7 +20,10 @@ async def health(request: Request) -> Response:
     failure = lifecycle.engine.failure if lifecycle.state == "ready" else None
     if lifecycle.state == "ready" and not failure:
         # CUDA graphs of wide batches still to be captured after the start (runners/graph_backlog.py)
-        pending = {s.name: s.graphs_pending for s in lifecycle.engine.stats().stages if s.graphs_pending}
+        pending: dict[str, int] = {}
+        for worker in lifecycle.engine.replica_stats():  # the workers' last figures: no capacity fit
+            if worker.graphs_pending:
+                pending[worker.name] = pending.get(worker.name, 0) + worker.graphs_pending
         return JSONResponse({"status": "ok", "graphs_pending": pending} if pending else {"status": "ok"})
     restarting = bool(failure) and lifecycle.engine.restarting
     body = {"status": "restarting" if restarting else "failed" if failure else lifecycle.state}
