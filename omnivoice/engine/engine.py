@@ -31,7 +31,7 @@ from omnivoice.engine.grammar_vetting import GrammarVetter
 from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
-from omnivoice.engine.request_state import RequestState
+from omnivoice.engine.request_state import RequestState, Sink, queue_sink
 from omnivoice.engine.start_progress import StartProgress
 from omnivoice.engine.start_record import start_record
 from omnivoice.engine.stuck import ProgressWatch
@@ -181,6 +181,25 @@ class Engine(Dispatch):
             raise ValueError(error)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
+        queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        rid = self.submit(request, queue_sink(asyncio.get_running_loop(), queue))
+        try:
+            while True:
+                out = await queue.get()
+                yield out
+                if isinstance(out, Finished):
+                    return
+        finally:
+            with self._lock:
+                left = rid in self._requests
+            if left:
+                log.info("request %s left early; aborting it in every stage", rid)
+                self._abort(rid)
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> str:
+        """Start `request` in the stages; its outputs go to `sink` (on the dispatcher thread), the last
+        one `Finished`. Returns its id. Raises EngineUnavailable or EngineOverloaded (nothing started),
+        ValueError for a request the engine cannot run; `cancel` drops it early."""
         if self._closed:
             raise RuntimeError("engine is closed")
         if self.failure:
@@ -200,19 +219,13 @@ class Engine(Dispatch):
             if why is not None:
                 raise EngineOverloaded(why)
             request = replace(request, route=self._router.assign(request))
-            state = RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
-            self._requests[rid] = state
+            self._requests[rid] = RequestState(request, sink, IncrementalDetokenizer(self._tokenizer))
         self._pipeline.send("thinker", NewRequest(request), replica=request.route[0])
-        try:
-            while True:
-                out = await state.queue.get()
-                yield out
-                if isinstance(out, Finished):
-                    return
-        finally:
-            if not state.done:
-                log.info("request %s left early; aborting it in every stage", rid)
-                self._abort(rid)
+        return rid
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request started by `submit` in every stage (its sink gets `Finished`, "abort")."""
+        self._abort(request_id)
 
     def overloaded(self, request: GenerationRequest) -> str | None:
         """Why `generate` would refuse `request` now (EngineOverloaded), or None. A server checks

@@ -1,16 +1,18 @@
 """Per-request bookkeeping of the engine: a request's output queue, detokenizer and stage results.
 
 The dispatcher thread hands each stage output of a request to its `RequestState`, which turns it into
-what the caller's iterator yields (text deltas, function calls, audio chunks) and says when the
-request is complete. A request that offers functions has its text parsed as it streams: what is said
-goes out as TextDelta, the calls as ToolCallDelta and ToolCallDone, in text order (only the first
-call when the request allows no parallel calls).
+what the caller receives (text deltas, function calls, audio chunks) and says when the request is
+complete. What it makes goes to the request's sink: the caller's asyncio queue (`queue_sink`), or the
+engine core's channel to the server (engine/core/). A request that offers functions has its text
+parsed as it streams: what is said goes out as TextDelta, the calls as ToolCallDelta and
+ToolCallDone, in text order (only the first call when the request allows no parallel calls).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.messages import FirstAudioTimes, PcmOutput, StageFinished, TokenOutput
@@ -26,14 +28,22 @@ from omnivoice.types import (
     Usage,
 )
 
+Sink = Callable[[EngineOutput], None]  # takes a request's outputs, in order, on the dispatcher thread
+
+
+def queue_sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[EngineOutput]) -> Sink:
+    """A sink that puts each output on `queue`, in `loop` (from any thread)."""
+
+    def put(out: EngineOutput) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, out)
+
+    return put
+
 
 class RequestState:
-    def __init__(
-        self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, detok: IncrementalDetokenizer
-    ):
+    def __init__(self, request: GenerationRequest, sink: Sink, detok: IncrementalDetokenizer):
         self.request = request
-        self.loop = loop
-        self.queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self.emit = sink
         self.detok = detok
         self.thinker: StageFinished | None = None
         self.talker: StageFinished | None = None
@@ -46,9 +56,6 @@ class RequestState:
         self.done = False
         self.parser = ToolCallParser(request.request_id) if request.tools else None
         self.max_calls = None if request.tools is None or request.tools.parallel else 1
-
-    def emit(self, out: EngineOutput) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, out)
 
     def on_tokens(self, msg: TokenOutput) -> None:
         if self.first_token_at is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
-from omnivoice.engine.request_state import RequestState
+from omnivoice.engine.request_state import RequestState, queue_sink
 from omnivoice.messages import StageFinished, TokenOutput
 from omnivoice.models.loader import load_processor_parts
 from omnivoice.types import (
@@ -36,15 +36,17 @@ def tokenizer(tiny_checkpoint: Path):
 async def outputs(tokenizer, tools: Tools | None, answer: str = ANSWER) -> list[EngineOutput]:
     """Feed the answer's tokens one by one, then the thinker's end, as the dispatcher does."""
     request = GenerationRequest("r1", Prompt((1, 2, 3)), want_audio=False, tools=tools)
-    state = RequestState(request, asyncio.get_running_loop(), IncrementalDetokenizer(tokenizer))
+    queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+    sink = queue_sink(asyncio.get_running_loop(), queue)
+    state = RequestState(request, sink, IncrementalDetokenizer(tokenizer))
     ids = tokenizer.encode(answer, add_special_tokens=False)
     for token in ids:
         state.on_tokens(TokenOutput("r1", (token,)))
     assert state.on_stage_finished(StageFinished("r1", "thinker", "stop", len(ids), 3)) == "stop"
     await asyncio.sleep(0)  # the outputs are queued with call_soon_threadsafe
     got = []
-    while not state.queue.empty():
-        got.append(state.queue.get_nowait())
+    while not queue.empty():
+        got.append(queue.get_nowait())
     return got
 
 
