@@ -8,6 +8,7 @@ The pipeline topology (thinker -> talker -> code2wav) lives in code, not here.
 from __future__ import annotations
 
 import ipaddress
+import multiprocessing
 import re
 from pathlib import Path
 from typing import Literal
@@ -311,6 +312,15 @@ class StagesConfig(_Strict):
         "growth, kernel set-up for new shapes) while users wait. Default (null): on when the thinker "
         "runs on a CUDA device",
     )
+    start_method: Literal["spawn", "forkserver"] | None = Field(
+        None,
+        description="how stage processes (worker: process) are started. spawn: each is a fresh "
+        "interpreter that imports torch, transformers and the runners itself; forkserver: each is forked "
+        "from multiprocessing's forkserver, one process that imported them once, started at the "
+        "beginning of the engine's start, so a start (and a restart of the stages) skips those imports. "
+        "Default (null): "
+        "forkserver where the platform has it, else spawn",
+    )
     stuck_after_s: float = Field(
         120.0,
         ge=0,
@@ -321,6 +331,19 @@ class StagesConfig(_Strict):
         "workers report, but no step moves): every stage restarts, or the server exits if a stage is "
         "a thread. 0: never",
     )
+
+    @field_validator("start_method")
+    @classmethod
+    def _check_start_method(cls, method: str | None) -> str | None:
+        if method is not None and method not in multiprocessing.get_all_start_methods():
+            raise ValueError(f"this platform cannot start processes by {method}")
+        return method
+
+    def process_start_method(self) -> Literal["spawn", "forkserver"]:
+        """How stage processes are started (`start_method`, null resolved)."""
+        if self.start_method is not None:
+            return self.start_method
+        return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
     def warms_burst(self) -> bool:
         """Whether the engine runs the warm-up burst before serving (`warm_burst`, null resolved)."""

@@ -1,3 +1,4 @@
+import multiprocessing
 from typing import Any
 
 import pytest
@@ -44,6 +45,17 @@ def test_the_speculative_response_is_on_by_default_and_can_be_turned_off() -> No
     assert parse_profile({"realtime": {"speculative_response": False}}).realtime.speculative_response is False
     with pytest.raises(ProfileError, match=r"realtime\.speculative_responses: unknown key"):
         parse_profile({"realtime": {"speculative_responses": False}})
+
+
+def test_stage_processes_are_forked_from_a_forkserver_by_default_where_there_is_one() -> None:
+    def method(**keys: Any) -> str:
+        return parse_profile({"stages": keys}).stages.process_start_method()
+
+    assert "forkserver" in multiprocessing.get_all_start_methods()  # the platforms the tests run on
+    assert method() == "forkserver"
+    assert method(start_method="spawn") == "spawn"
+    with pytest.raises(ProfileError, match=r"stages\.start_method"):
+        parse_profile({"stages": {"start_method": "fork"}})  # fork: not offered (CUDA, threads)
 
 
 def test_capacity_calibration_is_on_by_default_only_for_a_cuda_thinker() -> None:

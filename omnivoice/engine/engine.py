@@ -31,6 +31,7 @@ from omnivoice.engine.grammar_vetting import GrammarVetter
 from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
+from omnivoice.engine.process_start import start_forkserver
 from omnivoice.engine.request_state import RequestState, Sink, queue_sink
 from omnivoice.engine.start_progress import StartProgress
 from omnivoice.engine.start_record import start_record
@@ -119,6 +120,7 @@ class Engine(Dispatch):
     ) -> Engine:
         """Start the stages of `profile` on `source` (default: the profile's model.path). `progress`:
         where the steps of the start are gathered (engine/start_progress.py)."""
+        start_forkserver(profile.stages)  # its imports run while the model's tokenizer loads here
         progress = progress or StartProgress()
         record = start_record(profile, profile.model.path if source is None else source)
         progress.expect(*record.load())

@@ -3,8 +3,10 @@
 Placement comes from the profile: each stage runs in a thread of this process, in a process of its
 own (omnivoice/engine/stage_process.py), or as Ray actors (omnivoice/engine/ray_stages.py). When any
 stage is a process every connector is a shared-memory one; when any is on Ray, every connector is a
-Ray queue. Stage processes are listed in a run record (omnivoice/engine/leftovers.py) until they stop,
-so that a start after a crash of this server can take back what it left.
+Ray queue. Stage processes are spawned or forked from a forkserver (`stages.start_method`:
+omnivoice/engine/process_start.py); each one's start, until it first reports, is a step of the
+start ("start process"). They are listed in a run record (omnivoice/engine/leftovers.py) until they
+stop, so that a start after a crash of this server can take back what it left.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -25,7 +26,8 @@ from omnivoice.config import Profile
 from omnivoice.engine.board import PriorityBoard, seats
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
-from omnivoice.engine.leftovers import RunRecord
+from omnivoice.engine.leftovers import ProcessId, RunRecord
+from omnivoice.engine.process_start import stage_context, uses_processes
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageReady
 from omnivoice.engine.stage_process import stage_process_main
@@ -53,6 +55,12 @@ class Pipeline:
     ray: Any = None  # RayStages when a stage has `worker: ray` (Ray is imported only then)
     record: RunRecord | None = None  # the stage processes' run record, removed once they stopped
     stopped: bool = False
+    # each stage process by its pid and start time, to find one still running after its Process
+    # object says it ended (it learns of the exit from the forkserver, if that died first)
+    ids: list[ProcessId] = field(default_factory=list)
+    # stage processes not heard from yet: when each was started
+    launched: dict[tuple[str, int], float] = field(default_factory=dict)
+    came_up: list[str] = field(default_factory=list)  # "thinker#0 0.4 s" per stage process heard from
 
     @classmethod
     def start(
@@ -67,8 +75,8 @@ class Pipeline:
         stopped with keep_ray (a restart), whose Ray connection this one takes over. `progress`: told
         each step of the workers' start (engine/start_progress.py)."""
         cfg = profile.stages.stage
-        use_processes = any(cfg(s).worker == "process" for s in STAGES)
-        ctx = mp.get_context("spawn")
+        use_processes = uses_processes(profile.stages)
+        ctx = stage_context(profile.stages)
         ray_stages = ray
         if ray_stages is None and any(cfg(s).worker == "ray" for s in STAGES):
             from omnivoice.engine.ray_stages import RayStages
@@ -104,16 +112,21 @@ class Pipeline:
             args = (s, r, profile, model_path, inboxes[s][r], downstream[s], pipe.engine_inbox)
             p = ctx.Process(
                 target=stage_process_main,
-                args=(*args, os.getpid(), seat[(s, r)]),
+                # the server's pid and environment: a forked process has neither from its parent
+                args=(*args, os.getpid(), seat[(s, r)], dict(os.environ)),
                 name=f"omnivoice-{s}-{r}",
                 daemon=True,
             )
+            if progress is not None:
+                progress(StartStep(s, r, "start process"))
+            pipe.launched[(s, r)] = time.monotonic()
             p.start()
             pipe.processes.append(p)
         if pipe.processes:
+            pipe.ids = [i for p in pipe.processes if p.pid and (i := ProcessId.of(p.pid, p.name))]
             pipe.record = RunRecord.write([(p.name, p.pid) for p in pipe.processes])
             atexit.register(pipe._end_at_exit)
-        pipe._wait_ready(set(workers), timeout, progress)
+        pipe._wait_ready(set(workers), timeout, progress, ctx.get_start_method())
         if in_thread:
             freeze_built_objects("stages in the server process")
         return pipe
@@ -148,11 +161,13 @@ class Pipeline:
         return any(t.name.startswith(f"stage-{stage}-") for t in self.threads)
 
     def _wait_ready(
-        self, pending: set[tuple[StageName, int]], timeout: float, progress: Report | None
+        self, pending: set[tuple[StageName, int]], timeout: float, progress: Report | None, method: str
     ) -> None:
         deadline = time.monotonic() + timeout
         while pending:
             msg = self.engine_inbox.get(timeout=0.5)
+            if isinstance(msg, (StartStep, StageReady)):
+                self._heard_from(msg.stage, msg.replica, progress, method)
             if isinstance(msg, StartStep):
                 if progress is not None:
                     progress(msg)
@@ -172,6 +187,27 @@ class Pipeline:
                 self.stop()
                 raise PipelineStartError(f"stage actors ended while starting: {', '.join(dead)}")
 
+    def _heard_from(self, stage: str, replica: int, progress: Report | None, method: str) -> None:
+        """A stage worker's first message: a stage process has come up (its imports done)."""
+        began = self.launched.pop((stage, replica), None)
+        if began is None:
+            return  # a thread or an actor, or a process heard from before
+        took = time.monotonic() - began
+        if progress is not None:
+            progress(StartStep(stage, replica, "start process", took))
+        self.came_up.append(f"{stage}#{replica} {took:.1f} s")
+        if not self.launched:
+            log.info("stage processes (%s) up: %s", method, ", ".join(self.came_up))
+
+    def _kill_strays(self) -> None:
+        """Kill the stage processes that run although their Process objects say they ended: those
+        forked from a forkserver that was killed (it could not tell this process of their exits)."""
+        for i in self.ids:
+            if i.running():
+                log.warning("%s (pid %d) still runs after its end was reported; killing it", i.name, i.pid)
+                with contextlib.suppress(OSError):
+                    os.kill(i.pid, signal.SIGKILL)
+
     def _end_at_exit(self) -> None:
         """This process exits with the stage processes still running (the shutdown that stops the
         engine did not run, or failed). multiprocessing's own exit handler, which runs after this
@@ -182,6 +218,7 @@ class Pipeline:
                 p.kill()
         for p in self.processes:
             p.join(5.0)
+        self._kill_strays()
         if self.record is not None:
             self.record.remove()
         unlink_segments(shm_prefix())
@@ -261,6 +298,7 @@ class Pipeline:
                 log.warning("%s did not stop in %.0f s; killing it", p.name, timeout)
                 p.kill()
                 p.join()
+        self._kill_strays()
         if self.record is not None:
             self.record.remove()
         if self.ray is not None:

@@ -16,7 +16,6 @@ work, the worker captures the CUDA graphs it left for after the start, one per i
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ from omnivoice.engine.board import PriorityBoard, Seat
 from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
 from omnivoice.engine.device_fault import DeviceFault, is_device_fault
+from omnivoice.engine.parent_watch import server_alive
 from omnivoice.engine.process_stats import process_stats
 from omnivoice.engine.step_clock import GpuUtilization, StepTime, ThreadClock
 from omnivoice.messages import (
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.1
 IDLE_STATS_INTERVAL_S = 1.0  # an idle worker still reports (its process figures) this often
-PARENT_CHECK_S = 0.5  # how often a stage process checks that its server is still its parent
+PARENT_CHECK_S = 0.5  # how often a stage process checks that its server still runs
 STAGE_INDEX = {name: i for i, name in enumerate(STAGES)}
 ABORTED_MEMORY = 4096
 # How long an aborted id is remembered. Messages for it still in flight were sent by the upstream
@@ -176,7 +176,7 @@ class StageWorker:
             if self.parent_pid is not None and time.monotonic() >= next_parent_check:
                 # busy or idle: a stage process must not go on computing for a server that is gone
                 next_parent_check = time.monotonic() + PARENT_CHECK_S
-                if os.getppid() != self.parent_pid:
+                if not server_alive(self.parent_pid):
                     log.warning("%s stage: parent process %d is gone; exiting", name, self.parent_pid)
                     return
             began = time.perf_counter()

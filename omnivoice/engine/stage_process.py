@@ -8,9 +8,13 @@ when the server says so, and never outlives the server.
 - A worker dies with its server, however the server ends (kill -9 included): a thread waits on the
   pipe that `multiprocessing` keeps open from the server (`parent_process().sentinel`), which the
   kernel closes when the server's process ends, and ends this process at once, unlinking the dead
-  server's shared-memory segments. (Linux's PR_SET_PDEATHSIG is no substitute: it fires when the
-  *thread* that started the worker ends, and the supervisor starts workers from a thread that ends
-  right after.) `StageWorker` also polls its parent's pid, a fallback where the pipe is missing.
+  server's shared-memory segments. The server is named by the pid it passes (`parent`), never by
+  this process's parent, which is the forkserver when the stages are forked from one
+  (engine/parent_watch.py). (Linux's PR_SET_PDEATHSIG is no substitute: it fires when the *thread*
+  that started the worker ends, and the supervisor starts workers from a thread that ends right
+  after.) `StageWorker` also polls whether the server runs, a fallback where the pipe is missing.
+- The worker takes the server's environment (`environ`) before anything else: a process forked from
+  the forkserver would otherwise have the forkserver's (engine/process_start.py).
 - The process ends with `os._exit` once what it sent the server is flushed and its log written: the
   interpreter's own teardown has nothing left to do, and it would report every object frozen out of
   the GC (`gc_policy`) that a C++ extension still counts as alive (Triton's nanobind bindings print a
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from omnivoice.config import Profile
 from omnivoice.engine.board import Seat
 from omnivoice.engine.gc_policy import freeze_built_objects
+from omnivoice.engine.parent_watch import server_alive, server_sentinel
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.logs import configure_logging, stacks_on_sigusr1
@@ -56,9 +60,13 @@ def stage_process_main(
     engine: Any,
     parent: int,
     seat: Seat | None = None,
+    environ: dict[str, str] | None = None,
 ) -> None:
-    """Entry point of a stage process (`multiprocessing` spawn target); never returns. `seat`: its place
-    on the pipeline's priority board (engine/board.py)."""
+    """Entry point of a stage process (`multiprocessing` target, spawned or forked from the forkserver);
+    never returns. `parent`: the server's pid; `seat`: its place on the pipeline's priority board
+    (engine/board.py); `environ`: the server's environment, taken in place of this process's own."""
+    if environ is not None:
+        take_environment(environ)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(parent)
@@ -101,6 +109,13 @@ def _serve(
     return 0
 
 
+def take_environment(environ: dict[str, str]) -> None:
+    """Make `environ` (the server's) this process's environment, in place of the one it started with
+    (a forked process's is the forkserver's: engine/process_start.py)."""
+    os.environ.clear()
+    os.environ.update(environ)
+
+
 def _thread_lock_for_progress_bars() -> None:
     """Loading progress bars (tqdm's, which transformers draws) guard their writes with a lock that is
     a multiprocessing semaphore by default. This process ends with `os._exit`, which never unlinks it,
@@ -112,15 +127,15 @@ def _thread_lock_for_progress_bars() -> None:
 
 
 def die_with_parent(parent: int) -> None:
-    """End this process as soon as the process that spawned it (pid `parent`) has ended."""
-    proc = mp.parent_process()
-    if proc is None or proc.sentinel is None:  # not spawned by multiprocessing: the pid poll only
+    """End this process as soon as the process that started it (pid `parent`) has ended."""
+    sentinel = server_sentinel(parent)
+    if sentinel is None:  # not started by multiprocessing from `parent`: the poll only
         return
 
     def watch() -> None:
         # readable (EOF) once the server's end of the pipe is closed: the server holds it as long as
         # it holds this process's handle, which it drops only after this process has ended
-        wait([proc.sentinel])
+        wait([sentinel])
         unlink_segments(shm_prefix(parent))  # no one reads the messages in flight any more
         log.warning("the server (pid %d) is gone; this stage process ends with it", parent)
         os._exit(EXIT_PARENT_GONE)
@@ -131,7 +146,7 @@ def die_with_parent(parent: int) -> None:
 def _exit(code: int, engine: Any, parent: int) -> None:
     """Flush what this process sent the server (if it is still there) and its log, then end without
     the interpreter's teardown (see the module docstring)."""
-    if os.getppid() == parent:
+    if server_alive(parent):
         try:
             engine.flush()  # a StageCrashed put just now must reach the server
         except Exception:

@@ -1,6 +1,7 @@
 """A real `omnivoice serve` killed with SIGKILL: its stage processes end with it, even mid-request, and
 the next start takes back what a dead server left (a stage process that could not end, shared-memory
-segments) and says so in its log."""
+segments) and says so in its log. The forkserver the stage processes were forked from (the default
+start method) ends once the server and they are gone."""
 
 from __future__ import annotations
 
@@ -16,20 +17,9 @@ import pytest
 from omnivoice.engine.process_stats import SHM_DIR, shm_prefix, start_time
 from tests.support.polling import until
 from tests.support.requests import streamed_audio_chat
-from tests.support.serve_process import ServeProcess, descendants, running, write_profile
+from tests.support.serve_process import ServeProcess, forkservers, running, stage_processes, write_profile
 
 LONG_CHAT = streamed_audio_chat(900)  # 72 s of audio: every stage still busy when the server dies
-
-
-def stage_processes(server_pid: int) -> dict[int, int]:
-    """The server's stage processes (its multiprocessing children but the resource tracker), each
-    with its start time, in the order they started."""
-    found = {}
-    for pid, start in sorted(descendants(server_pid).items(), key=lambda p: p[1::-1]):
-        with contextlib.suppress(OSError):
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found[pid] = start
-    return found
 
 
 @pytest.mark.timeout(600)
@@ -39,12 +29,15 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
     env = {"OMNIVOICE_RUN_DIR": str(tmp_path / "run")}
     first = ServeProcess(write_profile(tmp_path, tiny_checkpoint, worker="process"), env=env)
     workers: dict[int, int] = {}
+    forkserver: dict[int, int] = {}
     leftover = SHM_DIR / f"{shm_prefix(first.proc.pid)}leftover"
     try:
         url = await asyncio.to_thread(first.wait_ready, 240)
         pid = first.proc.pid
         workers = stage_processes(pid)
         assert len(workers) == 3, workers
+        forkserver = forkservers(pid)
+        assert len(forkserver) == 1, forkserver
         async with (
             httpx.AsyncClient(base_url=url, timeout=60) as c,
             c.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as stream,
@@ -71,6 +64,8 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
         try:
             await asyncio.to_thread(second.wait_ready, 240)
             await until(lambda: not running({stuck: workers[stuck]}), 10, what="the next start ending it")
+            # the stuck process held the forkserver's "alive" pipe; with it gone, the forkserver ends
+            await until(lambda: not running(forkserver), 10, what="the dead server's forkserver ending")
             assert not leftover.exists()
             reclaimed = [line for line in second.lines if "reclaimed" in line]
             assert len(reclaimed) == 1, second.log[-3000:]
@@ -84,7 +79,7 @@ async def test_a_killed_server_takes_its_stages_along_and_the_next_start_reclaim
             second.kill()
     finally:
         first.kill()
-        for w, started in workers.items():  # what a failed test left (never a reused pid)
+        for w, started in {**workers, **forkserver}.items():  # what a failed test left (never a reused pid)
             if start_time(w) == started:
                 with contextlib.suppress(OSError):
                     os.kill(w, signal.SIGKILL)

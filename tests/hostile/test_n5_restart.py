@@ -17,7 +17,7 @@ import pytest
 import websockets
 
 from tests.support.hostile import EventReader
-from tests.support.serve_process import ServeProcess, descendants, write_profile
+from tests.support.serve_process import ServeProcess, stage_processes, write_profile
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +33,8 @@ def server(tiny_checkpoint: Path, tmp_path: Path) -> Iterator[ServeProcess]:
 
 
 def _stage_process(pid: int) -> int:
-    for child in descendants(pid):
-        cmd = Path(f"/proc/{child}/cmdline").read_bytes()
-        if b"spawn_main" in cmd:  # a stage process (not multiprocessing's resource tracker)
-            return child
+    for child in stage_processes(pid):
+        return child
     raise AssertionError("no stage process found")
 
 

@@ -1,5 +1,5 @@
 """`python -m omnivoice serve` as a real process (its log read in the background), and the /proc
-helpers tests use to find its stage processes and see them end."""
+helpers tests use to find its stage processes (spawned, or forked by a forkserver) and see them end."""
 
 from __future__ import annotations
 
@@ -32,6 +32,45 @@ def descendants(pid: int) -> dict[int, int]:
     while frontier:
         frontier = {p for p, (parent, _) in parents.items() if parent in frontier} - found.keys()
         found |= {p: parents[p][1] for p in frontier}
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+FORKSERVER = b"multiprocessing.forkserver import main"
+
+
+def forkservers(pid: int) -> dict[int, int]:
+    """The multiprocessing forkservers below `pid` (the processes running one, not their children),
+    each with its start time."""
+    return {
+        p: start
+        for p, start in descendants(pid).items()
+        if FORKSERVER in _cmdline(p) and FORKSERVER not in _cmdline(_parent(p) or 0)
+    }
+
+
+def stage_processes(pid: int) -> dict[int, int]:
+    """The stage processes below `pid`, each with its start time, in the order they started: the
+    processes multiprocessing spawned (not its resource tracker), or those a forkserver forked (a
+    forkserver's child runs its command line)."""
+    found = {}
+    for p, start in sorted(descendants(pid).items(), key=lambda x: x[1::-1]):
+        cmd = _cmdline(p)
+        if b"spawn_main" in cmd or (FORKSERVER in cmd and FORKSERVER in _cmdline(_parent(p) or 0)):
+            found[p] = start
     return found
 
 
