@@ -297,6 +297,12 @@ class CapacityConfig(_Strict):
         "the first request (served steps then refine it). Default (null): on when the thinker runs on a "
         "CUDA device; off while measured admission is off",
     )
+    reuse_calibration: bool = Field(
+        True,
+        description="keep each calibration's step times under model.cache_dir, and on a start of the same "
+        "model, stage settings, torch version and devices use them instead of calibrating again (served "
+        "steps then refine them); false: calibrate at every start",
+    )
 
 
 class StagesConfig(_Strict):

@@ -8,7 +8,7 @@
 #   PHASE=start   install the wheels, start the server, wait for /health (up to START_LIMIT s, 500)
 #                 and then until it lists no `graphs_pending` (up to GRAPHS_LIMIT s, 240: the graphs of
 #                 wide batches the stages capture while idle after the start), then scrape /metrics
-#                 before any request (the capacity calibrated at start)
+#                 before any request (the capacity calibrated at start, or the kept calibration)
 #   PHASE=wait    wait for /health again (a start that took longer than one call)
 #   PHASE=rt      `bench realtime` at each of SESSIONS (default "16 32"; then "64", then "100")
 #   PHASE=chat    `bench` chat completions at each of CHAT (default "32 64"), text input; INPUT=speech
@@ -108,9 +108,9 @@ wait)
     echo "{\"engine_start_s\": $t_ready, \"all_graphs_s\": $t_graphs, \"ready\": $([ $ok = 0 ] && echo true || echo false)}" > "$STATE/r/start.json"
     cat "$STATE/r/start.json"
     if [ $ok = 0 ] && [ ! -f "$STATE/r/metrics-fresh.txt" ]; then
-        scrape fresh  # before any request: the capacity comes from the start-up calibration
+        scrape fresh  # before any request: the capacity comes from the start-up calibration (or a kept one)
         grep -E "^omnivoice_(engine|stage)_capacity_streams" "$STATE/r/metrics-fresh.txt"
-        grep -E "capacity calibrated|warm-up burst" "$STATE/r/serve.log" | tail -3
+        grep -E "capacity calibrated|reusing the calibration|calibrating:|warm-up burst" "$STATE/r/serve.log" | tail -4
     fi
     pack
     ;;

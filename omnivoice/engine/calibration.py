@@ -9,7 +9,8 @@ batch bucket (1, 2, 4, ... up to the narrowest stage's max_batch) through every 
 that each stage times several decode steps at each size (and `capacity.min_steps` in all); the
 workers report those step times with their stats and the capacity is fitted to them. Real traffic
 then refines it: each size keeps the median of its latest steps, so served steps replace the
-calibration's.
+calibration's. A start of the same model, stage settings, torch version and devices uses the last
+calibration's step times instead of running the bursts again (engine/kept_calibration.py).
 
 The burst's requests are chat prompts of random text ids, a few text tokens and a few Code2Wav
 chunks of audio each; their outputs are dropped.

@@ -163,6 +163,16 @@ class Dispatch:
     def _restart_failed(self) -> None:
         self.failure = f"{STOPPED} and could not be restarted"
 
+    def seed_step_times(self, workers: dict[tuple[str, int], tuple[tuple[int, float, int], ...]]) -> None:
+        """Step times measured before these workers timed any (a kept calibration:
+        engine/kept_calibration.py) stand in for each batch size until the worker has timed that size
+        itself, as a replaced worker's do after a restart."""
+        with self._lock:
+            self._carried = {**self._carried, **workers}
+            for key, times in workers.items():
+                if (st := self._stage_stats.get(key)) is not None:
+                    self._stage_stats[key] = replace(st, step_times=carry_step_times(times, st.step_times))
+
     def _reset_routing(self) -> None:
         p = self._pipeline
         # A restarted worker has timed no step yet; the step times its predecessor measured (the
@@ -179,10 +189,11 @@ class Dispatch:
 
     def _dispatch(self, msg: object) -> None:
         if isinstance(msg, StageStats):
-            carried = self._carried.get((msg.name, msg.replica))
-            if carried:
-                msg = replace(msg, step_times=carry_step_times(carried, msg.step_times))
-            self._stage_stats[(msg.name, msg.replica)] = msg
+            with self._lock:  # a seed (seed_step_times) lands before or after this report, not within
+                carried = self._carried.get((msg.name, msg.replica))
+                if carried:
+                    msg = replace(msg, step_times=carry_step_times(carried, msg.step_times))
+                self._stage_stats[(msg.name, msg.replica)] = msg
             self._progress.seen(msg.name, msg.replica, time.monotonic())
             return
         if isinstance(msg, StageCrashed):

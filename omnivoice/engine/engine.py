@@ -28,6 +28,7 @@ from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.device_fault import exit_soon
 from omnivoice.engine.dispatch import RESTARTING, STOPPED, Dispatch
 from omnivoice.engine.grammar_vetting import GrammarVetter
+from omnivoice.engine.kept_calibration import KeptCalibration
 from omnivoice.engine.leftovers import reclaim
 from omnivoice.engine.loading import ServedModel, load_served_model, model_info
 from omnivoice.engine.pipeline import Pipeline
@@ -138,8 +139,11 @@ class Engine(Dispatch):
                 with steps.step("warm burst"):
                     warm_burst(engine, stages, model.spec, newline_id(model.tokenizer))
             if stages.calibrates():  # admission then knows the stages' step times before any request
-                with steps.step("calibration"):
-                    calibrate(engine, stages, model.spec, newline_id(model.tokenizer))
+                kept = KeptCalibration.of(profile, model.source)
+                if not kept.reuse(engine):  # the last calibration of these settings, if there is one
+                    with steps.step("calibration"):
+                        calibrate(engine, stages, model.spec, newline_id(model.tokenizer))
+                    kept.save(engine.replica_stats())
         except BaseException:
             run_apart(engine.close())
             raise

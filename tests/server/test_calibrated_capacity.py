@@ -35,8 +35,12 @@ def stages(calibrate: bool) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_a_fresh_server_knows_its_capacity_from_its_calibration(tiny_checkpoint: Path) -> None:
-    with serve_tiny(tiny_checkpoint, stages=stages(True)) as st:
+def test_a_fresh_server_knows_its_capacity_from_its_calibration(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    # a cache folder of its own: no calibration kept by an earlier run stands in for this one's
+    model = {"path": str(tiny_checkpoint), "cache_dir": str(tmp_path)}
+    with serve_tiny(tiny_checkpoint, stages=stages(True), model=model) as st:
         lifecycle = st.server.config.app.state.lifecycle  # type: ignore[attr-defined]
         assert lifecycle.engine.stats().active_requests == 0
         m = scrape(st.base_url)
