@@ -327,6 +327,15 @@ class StagesConfig(_Strict):
         "Default (null): "
         "forkserver where the platform has it, else spawn",
     )
+    core: Literal["in_process", "process"] = Field(
+        "in_process",
+        description="where the engine core (the pipeline, its dispatcher, the supervisor, measured "
+        "capacity) runs. in_process: in the server's process, beside the event loop. process: in a process "
+        "of its own, which starts the stages; the server keeps an engine client (prompts, grammar checks) "
+        "that the core's outputs and figures are pushed to, so no core work shares the server's "
+        "interpreter, and a core that dies or is stuck fails its requests and is restarted while the "
+        "sessions stay connected",
+    )
     stuck_after_s: float = Field(
         120.0,
         ge=0,

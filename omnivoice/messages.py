@@ -1,4 +1,5 @@
-"""Typed messages that travel between the engine and its stage workers.
+"""Typed messages that travel between the engine and its stage workers, and between the engine
+client in the server and an engine core in a process of its own.
 
 Arrays are numpy (or torch on the same device when the stages share a process); they cross process
 boundaries through a connector's shared memory.
@@ -7,9 +8,9 @@ boundaries through a connector's shared memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from omnivoice.types import GenerationRequest, StageName
+from omnivoice.types import EngineStats, GenerationRequest, StageName, StageStats
 
 
 @dataclass(frozen=True)
@@ -150,3 +151,75 @@ StageInput = (
     NewRequest | ThinkerChunk | CodecChunk | AudioStarted | Abort | ForgetPrefix | EncodeAhead | Shutdown
 )
 EngineMessage = TokenOutput | PcmOutput | StageFinished
+
+
+# The engine core in a process of its own (engine/core/) and the engine client in the server: the
+# client sends NewRequest, Abort, EncodeAhead and ForgetPrefix as the in-process engine would send them
+# to its stages, and the core answers with these.
+
+
+@dataclass(frozen=True)
+class HoldRestarts:
+    """Engine client -> core: the server drains; restart no stage from now on."""
+
+
+@dataclass(frozen=True)
+class CloseCore:
+    """Engine client -> core: stop every stage and end the process."""
+
+
+@dataclass(frozen=True)
+class CoreOutputs:
+    """Core -> engine client: outputs of its requests, in the order the core made them (`Finished`
+    last for each), and the engine's failure and restart state as they were when they were sent, so
+    the client knows why a request failed before its caller asks."""
+
+    outputs: tuple[Any, ...]  # EngineOutput, each naming its request
+    failure: str | None
+    restarting: bool
+
+
+@dataclass(frozen=True)
+class CoreRefused:
+    """Core -> engine client: a NewRequest was refused before it started."""
+
+    request_id: str
+    kind: Literal["overloaded", "unavailable", "invalid", "closed"]
+    message: str
+
+
+@dataclass(frozen=True)
+class CoreSnapshot:
+    """Core -> engine client, several times a second: what operators and admission read of the
+    engine, so that the server never waits on the core for it."""
+
+    stats: EngineStats  # per stage, summed over replicas, with the capacity
+    replicas: tuple[StageStats, ...]  # each stage worker's own
+    failure: str | None
+    restarting: bool
+
+
+@dataclass(frozen=True)
+class CoreExpect:
+    """Core -> engine client: what the last start with these settings took (engine/start_progress.py)."""
+
+    times: dict[str, float]
+    total_s: float
+
+
+@dataclass(frozen=True)
+class CoreReady:
+    """Core -> engine client: the stages are up (warmed and calibrated); requests may come."""
+
+    pid: int
+
+
+@dataclass(frozen=True)
+class CoreStartFailed:
+    """Core -> engine client: the engine could not start; the process ends."""
+
+    error: str
+
+
+ToCore = NewRequest | Abort | EncodeAhead | ForgetPrefix | HoldRestarts | CloseCore
+FromCore = CoreOutputs | CoreRefused | CoreSnapshot | StartStep | CoreExpect | CoreReady | CoreStartFailed

@@ -13,24 +13,22 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from omnivoice.audio.log_mel import LogMel
 from omnivoice.config import Profile
 from omnivoice.engine.calibration import calibrate
 from omnivoice.engine.capacity import engine_capacity
 from omnivoice.engine.detokenizer import IncrementalDetokenizer
 from omnivoice.engine.device_fault import exit_soon
 from omnivoice.engine.dispatch import RESTARTING, STOPPED, Dispatch
-from omnivoice.engine.grammar_vetting import GrammarVetter
 from omnivoice.engine.kept_calibration import KeptCalibration
 from omnivoice.engine.leftovers import reclaim
-from omnivoice.engine.loading import ServedModel, load_served_model, model_info
+from omnivoice.engine.loading import ServedModel, load_served_model
+from omnivoice.engine.model_front import ModelFront
 from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.process_start import start_forkserver
 from omnivoice.engine.request_state import RequestState, Sink, queue_sink
@@ -47,18 +45,13 @@ from omnivoice.runners.start_steps import StartSteps
 from omnivoice.types import (
     STAGES,
     Capacity,
-    ChatMessage,
     EngineOutput,
     EngineOverloaded,
     EngineStats,
     EngineUnavailable,
     Finished,
-    FunctionSpec,
     GenerationRequest,
-    Grammar,
-    Prompt,
     StageStats,
-    Tools,
 )
 
 log = logging.getLogger(__name__)
@@ -66,12 +59,9 @@ log = logging.getLogger(__name__)
 __all__ = ["RESTARTING", "STOPPED", "Engine"]
 
 
-class Engine(Dispatch):
+class Engine(ModelFront, Dispatch):
     def __init__(self, profile: Profile, model: ServedModel, pipeline: Pipeline):
-        self.profile = profile
-        self.spec = model.spec
-        self._builder = model.builder
-        self._tokenizer = model.tokenizer
+        ModelFront.__init__(self, profile, model)
         self._pipeline = pipeline
         self._supervisor = Supervisor(profile, model.source)
         self._requests: dict[str, RequestState] = {}
@@ -91,15 +81,6 @@ class Engine(Dispatch):
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         # what a device fault in a stage of this process does: end the process (device_fault.exit_soon)
         self.on_device_fault: Callable[[str], None] = exit_soon
-        self.info = model_info(profile, model.spec, model.builder)
-        t = profile.stages.thinker
-        self._grammars = GrammarVetter(
-            model.tokenizer if isinstance(model.source, Path) else None,
-            tuple(model.spec.thinker_eos_ids),
-            t.grammar_timeout_s,
-            t.grammar_memory_mb,
-            t.grammar_cache_entries,
-        )
         self._dispatcher = threading.Thread(target=self._dispatch_loop, name="engine-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -160,32 +141,6 @@ class Engine(Dispatch):
         """True while the supervisor brings the stages back after a worker died."""
         return self._supervisor.restarting
 
-    @property
-    def tokenizer(self):
-        """The model's tokenizer (a dummy model's is built from code: see models/dummy_tokenizer.py)."""
-        return self._tokenizer
-
-    @property
-    def log_mel(self) -> LogMel:
-        """The model's log-mel features (the prompt builder's)."""
-        return self._builder.log_mel
-
-    def build_prompt(self, messages: Sequence[ChatMessage], tools: Sequence[FunctionSpec] = ()) -> Prompt:
-        return self._builder.build(
-            messages, self.profile.model.system_prompt, tools, self.info.max_prompt_tokens
-        )
-
-    def check_grammar(self, grammar: Grammar) -> None:
-        error = self._grammars.check(grammar)
-        if error is not None:
-            raise ValueError(error)
-
-    def check_tools(self, tools: Tools) -> None:
-        grammar = call_grammar(tools)
-        error = self._grammars.check_functions(tools, grammar) if grammar is not None else None
-        if error is not None:
-            raise ValueError(error)
-
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
         rid = self.submit(request, queue_sink(asyncio.get_running_loop(), queue))
@@ -241,28 +196,10 @@ class Engine(Dispatch):
 
     def _overload(self, request: GenerationRequest) -> str | None:
         stage = self._router.full_stage(request, self._capacity)  # the caller holds the lock
-        if stage is None:
-            return None
-        cfg = self.profile.stages.stage(STAGES[stage])
-        return (
-            f"the server is at capacity: the {STAGES[stage]} stage holds {cfg.max_batch} running + "
-            f"{cfg.max_queue} waiting requests (per replica); retry shortly"
-        )
+        return None if stage is None else self.full_message(stage)
 
     async def abort(self, request_id: str) -> None:
         self._abort(request_id)
-
-    async def warm(self, prompt: Prompt, cache_key: str) -> None:
-        """Prefill `prompt` into `cache_key`'s prefix cache and return once it is there.
-
-        A session calls this while the user is still speaking (with the conversation so far), so the
-        turn's request later prefills only the new audio and what follows it.
-        """
-        req = GenerationRequest(
-            f"warm-{uuid.uuid4().hex}", prompt, want_audio=False, cache_key=cache_key, prefill_only=True
-        )
-        async for _ in self.generate(req):
-            pass
 
     def encode_ahead(self, cache_key: str, features: Sequence[np.ndarray]) -> None:
         """Send whole windows of speech still being spoken to the conversation's thinker replica, whose

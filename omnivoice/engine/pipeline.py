@@ -128,7 +128,7 @@ class Pipeline:
             atexit.register(pipe._end_at_exit)
         pipe._wait_ready(set(workers), timeout, progress, ctx.get_start_method())
         if in_thread:
-            freeze_built_objects("stages in the server process")
+            freeze_built_objects("stage threads of this process")
         return pipe
 
     def _start_threads(

@@ -80,7 +80,7 @@ def stage_process_main(
         log.exception("%s stage (replica %d) failed", name, replica)
         code = 1
     finally:
-        _exit(code, engine, parent)
+        exit_process(code, engine, parent)
 
 
 def _serve(
@@ -137,13 +137,13 @@ def die_with_parent(parent: int) -> None:
         # it holds this process's handle, which it drops only after this process has ended
         wait([sentinel])
         unlink_segments(shm_prefix(parent))  # no one reads the messages in flight any more
-        log.warning("the server (pid %d) is gone; this stage process ends with it", parent)
+        log.warning("the process that started this one (pid %d) is gone; this one ends with it", parent)
         os._exit(EXIT_PARENT_GONE)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _exit(code: int, engine: Any, parent: int) -> None:
+def exit_process(code: int, engine: Any, parent: int) -> None:
     """Flush what this process sent the server (if it is still there) and its log, then end without
     the interpreter's teardown (see the module docstring)."""
     if server_alive(parent):

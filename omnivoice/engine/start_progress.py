@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 class StartProgress:
     """The steps of one engine start: done, running, and expected (thread-safe)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, log_steps: bool = True) -> None:
         self._clock = clock
+        self._log_steps = log_steps  # False where another process's StartProgress logs the same steps
         self._lock = threading.Lock()
         self._began = clock()
         self._expected: dict[str, float] = {}
@@ -40,6 +41,8 @@ class StartProgress:
         with self._lock:
             self._expected = dict(times)
             self._expected_total = max(total_s, _critical_path(times))
+        if not self._log_steps:
+            return
         if times:
             log.info("start: expected to take %.0f s (the last start's time)", self._expected_total)
         else:
@@ -56,6 +59,8 @@ class StartProgress:
                 self._running.pop(name, None)
                 self._done[name] = msg.seconds
             remaining, share = self._remaining()
+        if not self._log_steps:
+            return
         guess = f" (expected {expected:.1f} s)" if expected is not None else ""
         if msg.seconds is None:
             log.info("start: %s ...%s", name, guess)

@@ -13,31 +13,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from omnivoice.config import Profile
 from omnivoice.engine.pipeline import Pipeline
+from omnivoice.engine.restart_budget import RestartBudget
 
 log = logging.getLogger(__name__)
-
-MAX_RESTARTS = 5
-RESTART_WINDOW_S = 600.0
 
 
 class Supervisor:
     def __init__(self, profile: Profile, source: Path | Any) -> None:
         self._profile = profile
         self._source = source
-        self._restarts: deque[float] = deque()
-        self._held = False
+        self._budget = RestartBudget()
         self._thread: threading.Thread | None = None
 
     def hold(self) -> None:
         """Restart nothing from now on (the server is shutting down)."""
-        self._held = True
+        self._budget.hold()
 
     @property
     def restarting(self) -> bool:
@@ -71,24 +67,16 @@ class Supervisor:
 
     def refusal(self) -> str | None:
         """Why the stages may not be restarted now, or None if they may."""
-        now = time.monotonic()
-        while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
-            self._restarts.popleft()
-        if self._held:
-            return "the engine is shutting down"
-        if self._source is None:
+        if self._source is None and not self._budget.held:
             return "the engine was started without a model source to restart from"
-        if len(self._restarts) >= MAX_RESTARTS:
-            return f"{MAX_RESTARTS} restarts in {RESTART_WINDOW_S:.0f} s already"
-        return None
+        return self._budget.refusal()
 
     def restart(self, old: Pipeline) -> Pipeline:
         """Stop what is left of `old` and start a fresh pipeline (raises if it cannot start)."""
-        self._restarts.append(time.monotonic())
+        count = self._budget.spend()
         t0 = time.perf_counter()
-        log.warning(
-            "restarting the stages (%d of %d in %.0f s)", len(self._restarts), MAX_RESTARTS, RESTART_WINDOW_S
-        )
+        b = self._budget
+        log.warning("restarting the stages (%d of %d in %.0f s)", count, b.max_restarts, b.window_s)
         old.stop(timeout=5.0, keep_ray=True)
         new = Pipeline.start(self._profile, self._source, ray=old.ray)
         log.warning("stages restarted in %.1f s", time.perf_counter() - t0)

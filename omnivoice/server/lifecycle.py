@@ -16,6 +16,7 @@ from omnivoice.server.errors import server_overloaded, service_unavailable, shut
 from omnivoice.types import Capacity, EngineStats
 
 if TYPE_CHECKING:
+    from omnivoice.engine.core.client import EngineClient
     from omnivoice.engine.engine import Engine
     from omnivoice.server.drain import Drain
 
@@ -28,9 +29,13 @@ EngineFactory = (
 )
 
 
-async def start_default_engine(profile: Profile, progress: StartProgress) -> Engine:
-    """`Engine.start(profile)`, importing the model stack (torch, transformers: seconds) in a thread
-    so that neither importing the HTTP layer nor the event loop pays for it."""
+async def start_default_engine(profile: Profile, progress: StartProgress) -> EngineAPI:
+    """`Engine.start(profile)`, or with `stages.core: process` an engine client of a core process
+    (`EngineClient.start`), importing the model stack (torch, transformers: seconds) in a thread so
+    that neither importing the HTTP layer nor the event loop pays for it."""
+    if profile.stages.core == "process":
+        client_cls = await asyncio.to_thread(_import_client)
+        return await client_cls.start(profile, progress)
     engine_cls = await asyncio.to_thread(_import_engine)
     return await engine_cls.start(profile, progress=progress)
 
@@ -44,6 +49,12 @@ def _call(factory: EngineFactory, profile: Profile, progress: StartProgress) -> 
     if takes_progress:
         return factory(profile, progress)  # type: ignore[call-arg]
     return factory(profile)  # type: ignore[call-arg]
+
+
+def _import_client() -> type[EngineClient]:
+    from omnivoice.engine.core.client import EngineClient
+
+    return EngineClient
 
 
 def _import_engine() -> type[Engine]:
