@@ -17,8 +17,9 @@
 #                 SESSIONS (default "1 32"); MODES as turn_detection_run.sh's; REPEATS=2 (1 session:
 #                 the complete questions only, each session hung up at its answer's first audio)
 #   PHASE=fault   `bench realtime` at SESSIONS (default 32; TURNS=4, per-turn lines kept), and
-#                 FAULT_AFTER=45 s into it the stage process FAULT_STAGE (talker) is killed with
-#                 SIGKILL (as a device fault ends it): fault.json says when, how long /health was not
+#                 FAULT_AFTER=45 s into it the stage process FAULT_STAGE (talker; core: the engine
+#                 core's process) is killed with SIGKILL (as a device fault ends it): fault.json
+#                 says when, how long /health was not
 #                 ok, and the supervisor's "stages restarted in"; rt-fault-s<N>.json/.log the turns
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
@@ -174,12 +175,13 @@ fault)
     bench=$!
     sleep "${FAULT_AFTER:-45}"
     stage=${FAULT_STAGE:-talker}
-    pid=$(python3 -c "import json, urllib.request as u; w = json.load(u.urlopen('$URL/v1/debug/state'))['engine']['workers']; print([x['pid'] for x in w if x['name'] == '$stage'][0])")
+    # FAULT_STAGE=core: the engine core's process (stages.core: process), which takes its stages along
+    pid=$(python3 -c "import json, urllib.request as u; e = json.load(u.urlopen('$URL/v1/debug/state'))['engine']; print(e['core_pid'] if '$stage' == 'core' else [x['pid'] for x in e['workers'] if x['name'] == '$stage'][0])")
     t_kill=$(date +%s.%N); kill -9 "$pid"
     for _ in $(seq 1 40); do healthy || break; sleep 0.25; done  # until the engine has seen it
     for _ in $(seq 1 480); do healthy && break; sleep 0.25; done
     t_back=$(date +%s.%N)
-    restarted=$(grep -o "stages restarted in [0-9.]* s" "$STATE/r/serve.log" | tail -1)
+    restarted=$(grep -oE "(stages|engine core) restarted in [0-9.]* s" "$STATE/r/serve.log" | tail -1)
     echo "{\"stage\": \"$stage\", \"pid\": $pid, \"health_back_s\": $(python3 -c "print(round($t_back - $t_kill, 1))"), \"log\": \"$restarted\"}" > "$STATE/r/fault.json"
     cat "$STATE/r/fault.json"; pack
     wait $bench

@@ -47,6 +47,12 @@ class EngineAPI(Protocol):
         ...
 
     @property
+    def core_pid(self) -> int | None:
+        """The engine core's process id where the core runs in a process of its own (`stages.core:
+        process`; it changes when the core restarts), else None."""
+        ...
+
+    @property
     def log_mel(self) -> LogMel:
         """The served model's log-mel features: sessions featurize their audio with it, once per clip
         (off the event loop), and hand the features over with the audio (`AudioPart.features`)."""

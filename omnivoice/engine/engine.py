@@ -60,6 +60,8 @@ __all__ = ["RESTARTING", "STOPPED", "Engine"]
 
 
 class Engine(ModelFront, Dispatch):
+    core_pid: int | None = None  # the core is this process (EngineAPI.core_pid)
+
     def __init__(self, profile: Profile, model: ServedModel, pipeline: Pipeline):
         ModelFront.__init__(self, profile, model)
         self._pipeline = pipeline

@@ -76,6 +76,7 @@ def engine_tables(state: Any) -> dict[str, Any] | None:
         row["live_requests"] = s.live_requests
         workers.append(row)
     return {
+        "core_pid": engine.core_pid,
         "active_requests": stats.active_requests,
         "conversations": stats.conversations,
         "routed": stats.routed,

@@ -127,6 +127,7 @@ class FakeEngine:
     failure: str | None = None  # as Engine.failure: set when a stage worker died
     restarting: bool = False  # as Engine.restarting
     restarts_held: bool = False  # hold_restarts() was called (the server drains)
+    core_pid: int | None = None  # as EngineAPI.core_pid: the core runs in this process
     max_running: int | None = None  # requests running at once; more are refused (as Engine.overloaded)
     # what capacity() reports: the real-time streams measured (None: not yet), an admitted one stalled
     streams: int | None = None
