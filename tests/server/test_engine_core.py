@@ -22,17 +22,14 @@ import openai
 import pytest
 import websockets
 
-from omnivoice.engine.dispatch import RESTARTING
-from tests.server.realtime.test_stage_restart import _health_until_ok
 from tests.server.test_calibrated_capacity import scrape
 from tests.support.polling import until
 from tests.support.realtime_client import Recorder, client
+from tests.support.restart_turns import check_failed_then_answered, interrupted_turn, next_turn
 from tests.support.serve import ServerThread, serve_tiny
-from tests.support.speech import fixed
 
 pytestmark = pytest.mark.slow
 
-ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Tell me more."}]}
 USER = [{"role": "user", "content": "Hello there."}]
 STAGE = {"worker": "thread", "max_seq_len": 1024, "max_batch": 4}
 
@@ -129,30 +126,15 @@ async def test_a_killed_core_fails_the_response_keeps_the_session_and_the_next_t
 ) -> None:
     engine = _engine(server)
     before = engine.core_pid
+
+    async def kill_the_core() -> None:
+        os.kill(before, signal.SIGKILL)
+
     async with client(server.base_url).realtime.connect(model="omnivoice") as conn:
         rec = Recorder(conn)
-        await rec.next("session.created")
-        await conn.session.update(session=fixed(8, 800))  # 64 s of audio: in flight for a while
-        await conn.conversation.item.create(item=ITEM)  # type: ignore[arg-type]
-        await conn.response.create()
-        await rec.next("response.output_audio.delta", timeout=120)
-        os.kill(before, signal.SIGKILL)
-        failed = await rec.next("response.done", timeout=60)
-        error = next(e for _, e in rec.events if e.type == "error")
-        seen = await _health_until_ok(server.base_url, 900)
+        cut = await interrupted_turn(conn, rec, server.base_url, kill_the_core)
         await until(lambda: engine.capacity().streams is not None, 60, "the new core's capacity")
-        await conn.session.update(session=fixed(4, 10))
-        await conn.conversation.item.create(item=ITEM)  # type: ignore[arg-type]
-        await conn.response.create()
-        done = await rec.next("response.done", timeout=120)
-        audio = rec.audio(done.response.id)
+        done, audio = await next_turn(conn, rec)
         await rec.close()
-    assert failed.response.status == "failed", failed.response.status_details
-    details = failed.response.status_details
-    assert details is not None and details.error is not None and details.error.code == "engine_error"
-    assert details.error.message == RESTARTING  # which process died, and how, is for the log
-    assert error.error.code == "engine_error" and error.error.message == RESTARTING
-    assert "restarting" in seen, seen
+    check_failed_then_answered(cut, done, audio)
     assert engine.core_pid not in (None, before)
-    assert done.response.status == "incomplete", done.response.status_details  # max_output_tokens
-    assert len(audio) > 0
