@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +18,14 @@ import pytest
 
 from omnivoice.config import StagesConfig, parse_profile
 from omnivoice.engine.pipeline import Pipeline
-from omnivoice.engine.process_start import stage_context, start_forkserver
+from omnivoice.engine.process_start import forkserver_cuda_check, stage_context, start_forkserver
 from omnivoice.engine.process_stats import start_time
-from tests.support.forkserver_probe import PROBED, probe
+from tests.support.forkserver_probe import POISONED_CALL_SITE, PROBED, probe
 from tests.support.polling import wait_until
 
 FORKED = StagesConfig(start_method="forkserver", thinker={"worker": "process"})
 VARIABLE = "OMNIVOICE_PROBE_SET_LATE"
+ROOT = Path(__file__).parents[2]
 
 
 def probed(environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -80,3 +84,33 @@ def test_the_stage_processes_of_a_killed_forkserver_are_ended_and_killed(tiny_ch
         pipe.stop()
     wait_until(lambda: start_time(worker.pid) != started, 30, what="the stop killing it")
     assert probed()["ppid"] != forkserver  # the next process comes from a fresh forkserver
+
+
+def test_a_forkserver_that_made_a_cuda_call_has_cuda_stages_spawned(tmp_path: Path) -> None:
+    ctx = stage_context(FORKED)
+    assert isinstance(ctx, ForkServerContext)
+    assert forkserver_cuda_check(ctx) is None  # the real preload makes no CUDA call
+    # a fresh interpreter: this one's forkserver, if running, keeps the preload it started with
+    script = """
+import logging, sys
+from omnivoice.config import StagesConfig
+from omnivoice.engine import process_start
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+cuda_stage = StagesConfig(start_method="forkserver", thinker={"worker": "process", "device": "cuda:0"})
+cpu_stage = StagesConfig(start_method="forkserver", thinker={"worker": "process"})
+process_start.PRELOAD = "tests.support.cuda_poisoned_preload"
+print("cpu stages:", process_start.stage_context(cpu_stage).get_start_method())
+print("cuda stages:", process_start.stage_context(cuda_stage).get_start_method())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "cpu stages: forkserver" in lines  # CPU stages need no check
+    assert "cuda stages: spawn" in lines
+    assert any("spawned, not forked" in line and POISONED_CALL_SITE in line for line in lines), out.stdout

@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+POISONED_CALL_SITE = "torch._C._cuda_getDeviceCount, called from a test's preload"
+"""What tests/support/cuda_poisoned_preload.py names as its forkserver's CUDA call."""
 PROBED = ("torch", "transformers", "omnivoice.engine.stage_process", "omnivoice.runners.talker")
 
 
