@@ -7,7 +7,11 @@ torch, transformers, the stage process's own code and every runner's.
 
 Nothing here may touch the device: once a process has asked CUDA anything (a device count included:
 `torch.cuda.is_available()` does), torch marks every process forked from it as unable to use CUDA
-("Cannot re-initialize CUDA in forked subprocess"). So while it imports, this module watches torch's
+("Cannot re-initialize CUDA in forked subprocess"). Libraries do ask while they are imported:
+torch.compile used as a decorator (llguidance's bitmask kernel) imports inductor, whose benchmarking
+module calls `torch.cuda.is_available()`. So the imports run with torch's NVML-based availability
+check (`PYTORCH_NVML_BASED_CUDA_CHECK=1`), which counts devices through NVML without touching CUDA,
+and falls back to CUDA where NVML is missing. And while it imports, this module watches torch's
 two entry points into CUDA (`_cuda_getDeviceCount`, `_cuda_init`) and keeps where the first call came
 from (`CUDA_CALL_SITE`); `process_start.forkserver_cuda_check` forks a probe that reports it, and the
 stages are spawned instead when an imported library made such a call. Nor does this module start a
@@ -22,6 +26,7 @@ every process forked from it are gone (multiprocessing's "alive" pipe).
 
 from __future__ import annotations
 
+import os
 import signal
 import traceback
 from collections.abc import Callable
@@ -30,6 +35,7 @@ from typing import Any
 import torch
 
 CUDA_ENTRY_POINTS = ("_cuda_getDeviceCount", "_cuda_init")
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def _watch_cuda_calls(calls: list[str]) -> Callable[[], None]:
@@ -58,6 +64,8 @@ def _import_stage_code() -> str | None:
     """Import what a stage process needs; returns where the first CUDA call made meanwhile came from."""
     calls: list[str] = []
     restore = _watch_cuda_calls(calls)
+    nvml_check = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"  # the stage processes take the server's environment, not this one
     try:
         import transformers  # noqa: F401
 
@@ -65,6 +73,10 @@ def _import_stage_code() -> str | None:
         from omnivoice.runners import code2wav, factory, talker, thinker  # noqa: F401
     finally:
         restore()
+        if nvml_check is None:
+            del os.environ[NVML_CHECK]
+        else:
+            os.environ[NVML_CHECK] = nvml_check
     return calls[0] if calls else None
 
 
