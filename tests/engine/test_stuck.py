@@ -76,8 +76,14 @@ async def test_a_frozen_stage_process_is_killed_and_the_stages_restart(
     eng = await Engine.start(_stuck_profile(tiny_checkpoint, "process"))
     try:
         eng._pipeline.dump_stacks()  # what a stall asks of every stage process: its stacks on stderr
-        err = capfd.readouterr().err
-        assert err.count("Current thread") + err.count("Thread 0x") >= 3 and "stage.py" in err
+        err = ""
+
+        def stacks_printed() -> bool:  # each process prints them when its signal handler runs
+            nonlocal err
+            err += capfd.readouterr().err
+            return err.count("Current thread") + err.count("Thread 0x") >= 3 and "stage.py" in err
+
+        await until(stacks_printed, 30, what="every stage process's stacks on stderr")
         task, outs = await streaming(eng, request(eng, 0, thinker_tokens=200, audio_frames=400))
         talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
         with caplog.at_level(logging.ERROR, logger="omnivoice.engine.dispatch"):

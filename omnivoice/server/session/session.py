@@ -55,6 +55,7 @@ from omnivoice.server.session.speculation import Speculation, SpeculationStats, 
 from omnivoice.server.session.transcription import Transcriber
 from omnivoice.server.session.turns import RUN_APPENDS, ConvertOne, Run, Turns
 from omnivoice.server.session.updating import check_tools, updated_settings
+from omnivoice.types import EngineUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +350,8 @@ class Session:
             built = await build_prompt(self.engine, self.conversation, self.settings.instructions, functions)
             if not isinstance(built, str):
                 await self.engine.warm(built[0], self.id)
+        except EngineUnavailable as e:  # restarting or overloaded: the turn's response says so, if it comes
+            log.info("session %s: no early prefill: %s", self.id, e)
         except Exception:
             log.warning("session %s: early prefill failed", self.id, exc_info=True)
         finally:
