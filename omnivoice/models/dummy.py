@@ -17,13 +17,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
 from omnivoice.config import DUMMY_MODELS, DUMMY_PREFIX
+from omnivoice.models.dummy_source import DummySource
 from omnivoice.models.dummy_tokenizer import added_token_id
 from omnivoice.models.loader import TOOL_CALL_TOKEN, ModelSpec
 from omnivoice.models.parts import PART_CLASSES
@@ -137,18 +137,6 @@ REDUCED: Mapping[str, Any] = {
     "code2wav_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                         "num_attention_heads": 4, "num_key_value_heads": 4, "decoder_dim": 32},
 }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class DummySource:
-    """A `dummy:<name>` model source; `overrides` (nested, merged into the config) shrinks it for tests."""
-
-    name: str
-    seed: int = 0
-    overrides: Mapping[str, Any] = field(default_factory=dict, hash=False)
-
-    def __str__(self) -> str:
-        return DUMMY_PREFIX + self.name + (" (overridden)" if self.overrides else "")
 
 
 def parse_source(path: str) -> DummySource | None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
 from omnivoice.engine.connectors.shm import ShmConnector
-from omnivoice.engine.core.process import core_process_main
+from omnivoice.engine.core.entry import core_process_main
 from omnivoice.messages import CloseCore
 
 if TYPE_CHECKING:

@@ -64,10 +64,9 @@ class ForwardedProgress(StartProgress):
         self._outbox.send(msg)
 
 
-def core_process_main(
-    profile: Profile, source: Path | DummySource, inbox: Any, outbox: Any, parent: int
-) -> None:
-    """Entry point of the core process (`multiprocessing` spawn target); never returns."""
+def run_core(profile: Profile, source: Path | DummySource, inbox: Any, outbox: Any, parent: int) -> None:
+    """The core process's life, after its entry (engine/core/entry.py) started the stages' forkserver;
+    never returns."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(parent)
