@@ -94,8 +94,9 @@ class StageConfig(_Strict):
     graphs_at_start: int | None = Field(
         None,
         ge=1,
-        description="thinker and talker with execution cuda_graph: the widest batch bucket whose graphs "
-        "are captured before the stage is ready; the wider ones are captured afterwards, narrowest first, "
+        description="execution cuda_graph: the widest batch bucket whose graphs are captured (Code2Wav's: "
+        "tuned by cuDNN and captured) before the stage is ready; the wider ones are captured afterwards, "
+        "narrowest first, "
         "whenever the stage is idle, and a step that needs one not captured yet captures it first (once). "
         "Smaller: the stage is ready sooner. null: every bucket before it is ready",
     )

@@ -23,6 +23,7 @@ from omnivoice.config import ChunkConfig, Code2WavStage, PriorityConfig
 from omnivoice.messages import CodecChunk, FirstAudioTimes, PcmOutput, StageFinished
 from omnivoice.runners.chunking import chunk_frames, window_lengths
 from omnivoice.runners.code2wav_step import Code2WavStep, cudnn_autotuning
+from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.priority import Playback, PlaybackPolicy, Priority
 from omnivoice.runners.start_steps import StartSteps
 from omnivoice.runners.vocoder_kernels import fuse_snakes, unfuse_snakes
@@ -88,6 +89,7 @@ class Code2WavRunner:
             tune_from_batch=cfg.cudnn_tune_from_batch,
             benchmark_limit=cfg.cudnn_benchmark_limit,
         )
+        self.graph_backlog = GraphBacklog(self.name)  # graphs of wide batches captured once serving
         self.streams: dict[str, _Stream] = {}
         self._steps = 0
         self._last_batch = 0
@@ -99,7 +101,7 @@ class Code2WavRunner:
                     with steps.step("activations"):
                         self._fuse_activations()
                 with steps.step("graphs" if graphs else "shapes"):
-                    self.vocoder.warm_up()
+                    self.vocoder.warm_up(cfg.graphs_at_start, self.graph_backlog)
 
     @torch.inference_mode()
     def _fuse_activations(self) -> None:

@@ -21,11 +21,13 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.graphs import StepGraphs, bucket, power_buckets
 from omnivoice.runners.transfer import to_device
 
@@ -104,32 +106,51 @@ class Code2WavStep:
         cut = [(frames - w.shape[1]) * self.upsample for w in windows]  # samples of the padding frames
         return [row[: wav.shape[1] - c] for row, c in zip(wav, cut, strict=True)]
 
-    def warm_up(self) -> None:
+    def warm_up(self, widest: int | None = None, backlog: GraphBacklog | None = None) -> None:
         """Run every (batch bucket, window length) shape once, capturing its CUDA graph when graphs are
         on, so nothing is tuned or captured while serving; cuDNN times its algorithms for the shapes of
         batches from `tune_from_batch` on. Largest first: later, smaller captures reuse the graph
-        pool's memory."""
+        pool's memory. With `widest` and `backlog` (graphs on), only the buckets up to `widest` rows
+        are run here; the wider ones are left in `backlog`, narrowest first, each tuned and captured
+        when the stage is idle or a step first needs it (cuDNN's timing of the wide shapes is most of
+        this warm-up)."""
         if not (self.pad and self.device.type == "cuda"):
             return
         began = time.perf_counter()
-        with torch.inference_mode():
-            for rows in reversed(self.batch_sizes):
-                with cudnn_autotuning(rows >= self.tune_from_batch, self.benchmark_limit):
-                    for frames in reversed(self.windows):
-                        codes = torch.zeros(rows, self.groups, frames, dtype=torch.long, device=self.device)
-                        self._run(codes)
+        now = [n for n in self.batch_sizes if widest is None or backlog is None or n <= widest]
+        if not self.graphs.enabled:
+            now = list(self.batch_sizes)  # eager: nothing to capture later, every shape tuned now
+        for rows in reversed(now):
+            for frames in reversed(self.windows):
+                self._warm_shape(rows, frames)
+        if backlog is not None:
+            for rows in (n for n in self.batch_sizes if n not in now):
+                for frames in self.windows:
+                    backlog.add(self.graphs, (rows, frames), partial(self._warm_shape, rows, frames))
         torch.cuda.synchronize(self.device)
         graphs = len(self.graphs.captured)
         what = f"{graphs} CUDA graphs captured" if self.graphs.enabled else "every shape warmed up (eager)"
-        tuned = [n for n in self.batch_sizes if n >= self.tune_from_batch]
+        tuned = [n for n in now if n >= self.tune_from_batch]
+        later = len(self.batch_sizes) - len(now)
         log.info(
-            "code2wav: %s in %.1f s (batch %s x window frames %s; cuDNN tuned batches %s)",
+            "code2wav: %s in %.1f s (batch %s x window frames %s; cuDNN tuned batches %s)%s",
             what,
             time.perf_counter() - began,
-            list(self.batch_sizes),
+            now,
             list(self.windows),
             tuned,
+            f"; {later * len(self.windows)} graphs of wider batches left for when the stage is idle"
+            if later
+            else "",
         )
+
+    @torch.inference_mode()
+    def _warm_shape(self, rows: int, frames: int) -> None:
+        """Decode one padding batch of this shape: cuDNN times its convolutions (batches from
+        `tune_from_batch` on) and its graph is captured. cuDNN's flags are process-wide: beside stage
+        threads of the same process, their convolutions may be timed too while this runs."""
+        with cudnn_autotuning(rows >= self.tune_from_batch, self.benchmark_limit):
+            self._run(torch.zeros(rows, self.groups, frames, dtype=torch.long, device=self.device))
 
     def _run(self, codes: torch.Tensor) -> torch.Tensor:
         rows, _, frames = codes.shape
