@@ -18,6 +18,7 @@ from omnivoice.runners.talker import TalkerRunner
 from omnivoice.types import Finished, StageStats
 from tests.support.engine import collect, profile_for, request, streaming, tokens_of
 from tests.support.polling import until
+from tests.support.process_stderr import StderrTail
 
 
 def test_a_worker_is_stuck_once_silent_for_the_limit_and_never_with_zero() -> None:
@@ -70,20 +71,18 @@ def _stuck_profile(checkpoint: Path, worker: str):
     return type(profile_for(checkpoint)).model_validate(data)
 
 
-async def test_a_frozen_stage_process_is_killed_and_the_stages_restart(
-    tiny_checkpoint: Path, caplog, capfd
-) -> None:
+async def test_a_frozen_stage_process_is_killed_and_the_stages_restart(tiny_checkpoint: Path, caplog) -> None:
     eng = await Engine.start(_stuck_profile(tiny_checkpoint, "process"))
     try:
+        pids = [pid for p in eng._pipeline.processes if (pid := p.pid) is not None]
+        stderr = StderrTail(pids)
         eng._pipeline.dump_stacks()  # what a stall asks of every stage process: its stacks on stderr
-        err = ""
 
         def stacks_printed() -> bool:  # each process prints them when its signal handler runs
-            nonlocal err
-            err += capfd.readouterr().err
-            return err.count("Current thread") + err.count("Thread 0x") >= 3 and "stage.py" in err
+            err = stderr.text()
+            return err.count("Current thread") + err.count("Thread 0x") >= len(pids) and "stage.py" in err
 
-        await until(stacks_printed, 30, what="every stage process's stacks on stderr")
+        await until(stacks_printed, 30, what="every stage process's stacks on its stderr")
         task, outs = await streaming(eng, request(eng, 0, thinker_tokens=200, audio_frames=400))
         talker = next(p for p in eng._pipeline.processes if "-talker-" in p.name)
         with caplog.at_level(logging.ERROR, logger="omnivoice.engine.dispatch"):
