@@ -12,6 +12,13 @@ then refines it: each size keeps the median of its latest steps, so served steps
 calibration's. A start of the same model, stage settings, torch version and devices uses the last
 calibration's step times instead of running the bursts again (engine/kept_calibration.py).
 
+A stage that left the graphs of its wide batches for after the start (`graphs_at_start`) captures one
+whenever a step first needs it, and keeps that step out of its step times. Code2Wav's window changes
+shape from chunk to chunk, so in the first burst of a wide size nearly every one of its steps captured
+a graph and none was timed; its capacity would then be capped at twice its widest timed size. So the
+bursts of the sizes past what such a stage timed run again (at most REPEATS times), on the graphs the
+first run captured.
+
 The burst's requests are chat prompts of random text ids, a few text tokens and a few Code2Wav
 chunks of audio each; their outputs are dropped.
 """
@@ -31,12 +38,13 @@ from omnivoice.engine.warm_burst import run_apart, run_requests
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import chat_prompt, text_ids
 from omnivoice.runners.graphs import power_buckets
-from omnivoice.types import TALKER_PROMPT_EXTRA, Capacity, GenerationRequest, ModelInfo, Sampling
+from omnivoice.types import TALKER_PROMPT_EXTRA, Capacity, GenerationRequest, ModelInfo, Sampling, StageStats
 
 log = logging.getLogger(__name__)
 
 PROMPT_BODY = 24  # text ids of each prompt: a short question (the prefill is not what is measured)
 STATS_WAIT_S = 5.0  # how long the workers' figures of the last burst may take to reach the engine
+REPEATS = 2  # times the bursts of sizes a stage with graphs left for later did not time may run again
 
 
 def calibration_sizes(stages: StagesConfig) -> tuple[int, ...]:
@@ -79,21 +87,77 @@ def calibration_requests(
     ]
 
 
-def calibrate(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> Capacity:
-    """Run one burst per batch size, wait for the stages' figures, and return the fitted capacity;
-    raise RuntimeError if a request of a burst failed."""
-    began = time.perf_counter()
-    sizes = calibration_sizes(stages)
+def widest_timed(worker: StageStats) -> int:
+    """The widest batch size a worker has timed enough steps of to count (0: none)."""
+    return max((b for b, _, n in worker.step_times if n >= MIN_SIZE_STEPS), default=0)
+
+
+def sizes_to_repeat(
+    sizes: tuple[int, ...], backlogged: set[tuple[str, int]], workers: tuple[StageStats, ...]
+) -> tuple[int, ...]:
+    """The calibrated sizes past the widest that some worker of `backlogged` (the workers that had
+    graphs left for after the start) has timed."""
+    widest = [widest_timed(w) for w in workers if (w.name, w.replica) in backlogged]
+    if not widest:
+        return ()
+    return tuple(s for s in sizes if s > min(widest))
+
+
+def _bursts(
+    engine: EngineAPI,
+    stages: StagesConfig,
+    spec: ModelSpec,
+    newline_id: int,
+    sizes: tuple[int, ...],
+    tag: str,
+) -> None:
     for size in sizes:
-        requests = calibration_requests(stages, spec, engine.info, newline_id, size)
+        requests = calibration_requests(stages, spec, engine.info, newline_id, size, tag)
         failed = run_apart(run_requests(engine, requests))
         if failed:
             raise RuntimeError(f"the calibration burst of {size} failed ({len(failed)}): {failed[0]}")
+
+
+def _backlogged(engine: EngineAPI) -> set[tuple[str, int]]:
+    """The workers that report graphs left for after the start, by (stage, replica)."""
+    return {(w.name, w.replica) for w in engine.replica_stats() if w.graphs_pending}
+
+
+def _reported(engine: EngineAPI) -> Capacity:
+    """The capacity once every stage has a figure and every worker has reported itself idle (its step
+    times then include the last burst's steps), or after STATS_WAIT_S."""
     deadline = time.monotonic() + STATS_WAIT_S
-    capacity = engine.capacity()
-    while any(n is None for _, n in capacity.stages) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the workers report at once when they go idle; the dispatcher hands it on
+    while True:
         capacity = engine.capacity()
+        idle = all(w.running == 0 and w.queued == 0 for w in engine.replica_stats())
+        if (idle and all(n is not None for _, n in capacity.stages)) or time.monotonic() >= deadline:
+            return capacity
+        time.sleep(0.05)  # the workers report at once when they go idle; the dispatcher hands it on
+
+
+def calibrate(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> Capacity:
+    """Run one burst per batch size (again for the sizes a stage with graphs left for later did not
+    time), wait for the stages' figures, and return the fitted capacity; raise RuntimeError if a
+    request of a burst failed."""
+    began = time.perf_counter()
+    sizes = calibration_sizes(stages)
+    backlogged = _backlogged(engine)
+    _bursts(engine, stages, spec, newline_id, sizes, "")
+    capacity = _reported(engine)
+    backlogged |= _backlogged(engine)
+    for round_ in range(1, REPEATS + 1):
+        again = sizes_to_repeat(sizes, backlogged, engine.replica_stats())
+        if not again:
+            break
+        log.info(
+            "calibration: a stage captured graphs in its steps at batch sizes %s and timed too few; "
+            "running them again (%d of %d)",
+            ",".join(map(str, again)),
+            round_,
+            REPEATS,
+        )
+        _bursts(engine, stages, spec, newline_id, again, f"-again{round_}")
+        capacity = _reported(engine)
     log.info(
         "capacity calibrated in %.1f s at batch sizes %s: %s real-time audio streams (%s)",
         time.perf_counter() - began,

@@ -3,9 +3,9 @@ devices skips the calibration burst.
 
 The calibration (engine/calibration.py) times each stage worker's decode steps at every batch bucket,
 and admission's capacity is fitted to those step times. They depend on the model, the stage settings,
-torch and the devices only, so the figures of one start hold for the next start of the same key: each
-worker's step times after the calibration are kept in `<cache_dir>/calibrations/<model digest>.json`
-with that key. A start whose key matches seeds the dispatcher with them, the way a restart's new
+torch, the devices and the way the calibration times them only, so the figures of one start hold for
+the next start of the same key: each worker's step times after the calibration are kept in
+`<cache_dir>/calibrations/<model digest>.json` with that key. A start whose key matches seeds the dispatcher with them, the way a restart's new
 workers start from their predecessors' step times (engine/dispatch.py): admission knows the capacity
 before the first request, and served steps replace the kept figures size by size. A changed key
 calibrates afresh (the log says what changed) and keeps the new figures in place of the old ones; a
@@ -33,7 +33,17 @@ log = logging.getLogger(__name__)
 
 StepTimes = tuple[tuple[int, float, int], ...]  # (batch size, step seconds, steps) per size
 Workers = dict[tuple[str, int], StepTimes]
-KEY_WORDS = {"model": "model", "stages": "stage settings", "torch": "torch version", "devices": "devices"}
+KEY_WORDS = {
+    "model": "model",
+    "stages": "stage settings",
+    "torch": "torch version",
+    "devices": "devices",
+    "method": "calibration method",
+}
+# how the calibration times the steps (engine/calibration.py); raised when a change to it makes the
+# figures kept by the old way wrong (2: the bursts a stage with graphs left for later did not time
+# run again, where before its wide sizes could go untimed)
+METHOD = 2
 
 
 class Seeded(Protocol):
@@ -49,14 +59,20 @@ class Seeded(Protocol):
 def calibration_key(profile: Profile, source: object) -> dict[str, Any]:
     """What the step times of `profile` serving `source` depend on: the model, the stage settings (but
     `capacity.reuse_calibration` and `start_method`, which change no step), torch's version and the
-    name of each stage replica's device."""
+    name of each stage replica's device, and the calibration's METHOD."""
     import torch
 
     stages = profile.stages.model_dump(mode="json")
     stages.pop("start_method")
     stages["capacity"].pop("reuse_calibration")
     devices = device_names(profile)
-    return {"model": str(source), "stages": stages, "torch": torch.__version__, "devices": devices}
+    return {
+        "model": str(source),
+        "stages": stages,
+        "torch": torch.__version__,
+        "devices": devices,
+        "method": METHOD,
+    }
 
 
 def device_names(profile: Profile) -> dict[str, str]:

@@ -1,0 +1,95 @@
+"""The calibration runs again the bursts of the batch sizes that a stage with graphs left for after
+the start did not time (its steps that captured a graph are kept out of its step times), and only
+those, at most REPEATS times."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+
+import pytest
+
+from omnivoice.config import parse_profile
+from omnivoice.engine import calibration
+from omnivoice.engine.calibration import REPEATS, calibrate, calibration_sizes, sizes_to_repeat
+from omnivoice.models.dummy import REDUCED, DummySource, dummy_spec
+from omnivoice.types import Capacity, Finished, GenerationRequest, ModelInfo, StageStats
+
+STAGE = {"worker": "thread", "max_batch": 8, "max_seq_len": 256}
+SIZES = (1, 2, 4, 8)
+
+
+def _times(*sizes: int) -> tuple[tuple[int, float, int], ...]:
+    return tuple((b, 0.01 * b, 5) for b in sizes)
+
+
+def test_the_sizes_past_the_widest_a_backlogged_worker_timed_are_repeated() -> None:
+    thinker = StageStats("thinker", 0, 0, 0, 0, step_times=_times(*SIZES))
+    code2wav = StageStats("code2wav", 0, 0, 0, 0, step_times=(*_times(1, 2), (4, 0.05, 2)))
+    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (thinker, code2wav)) == (4, 8)  # 2 steps at 4: too few
+    assert sizes_to_repeat(SIZES, {("thinker", 0)}, (thinker, code2wav)) == ()
+    assert sizes_to_repeat(SIZES, set(), (thinker, code2wav)) == ()  # no backlog: nothing to excuse
+    fresh = StageStats("code2wav", 0, 0, 0, 0)
+    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (fresh,)) == SIZES
+
+
+class BackloggedEngine:
+    """An engine whose Code2Wav worker reports graphs left for later and times a burst's steps only
+    from its `untimed_runs + 1`-th run of that size on (the earlier runs captured graphs)."""
+
+    def __init__(self, untimed_runs: int, backlog: bool = True) -> None:
+        self.info = ModelInfo("tiny", 24000, ("Ethan",), "Ethan", 256)
+        self.untimed_runs, self.backlog = untimed_runs, backlog
+        self.runs: dict[int, int] = {}
+        self.bursts: list[int] = []  # the size of each burst, in the order they ran
+        self._seen: set[tuple[str, int]] = set()
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Finished, None]:
+        tag, size, _ = request.request_id.rsplit("-", 2)  # calibrate[-againN]-<size>-<i>
+        if (tag, int(size)) not in self._seen:
+            self._seen.add((tag, int(size)))
+            self.bursts.append(int(size))
+            self.runs[int(size)] = self.runs.get(int(size), 0) + 1
+        await asyncio.sleep(0)
+        yield Finished(request.request_id, "length")
+
+    def replica_stats(self) -> tuple[StageStats, ...]:
+        timed = [b for b, n in self.runs.items() if n > (self.untimed_runs if b > 2 else 0)]
+        stats = StageStats("code2wav", 0, 0, 0, 0, step_times=_times(*sorted(timed)))
+        pending = 3 if self.backlog else 0
+        return (
+            StageStats("thinker", 0, 0, 0, 0, step_times=_times(*sorted(self.runs))),
+            replace(stats, graphs_pending=pending),
+        )
+
+    def capacity(self) -> Capacity:
+        return Capacity(8, 0, stages=(("thinker", 8), ("code2wav", 8)))
+
+
+def _calibrate(engine: BackloggedEngine) -> None:
+    profile = parse_profile({"stages": {"thinker": STAGE, "talker": STAGE, "code2wav": STAGE}})
+    assert calibration_sizes(profile.stages) == SIZES
+    spec = dummy_spec(DummySource("qwen3-omni-30b-a3b", overrides=REDUCED))
+    calibrate(engine, profile.stages, spec, newline_id=10)  # type: ignore[arg-type]
+
+
+def test_untimed_wide_sizes_run_again_until_timed(caplog: pytest.LogCaptureFixture) -> None:
+    engine = BackloggedEngine(untimed_runs=1)
+    with caplog.at_level(logging.INFO, logger=calibration.__name__):
+        _calibrate(engine)
+    assert engine.bursts == [1, 2, 4, 8, 4, 8]  # the sizes Code2Wav did not time, once more
+    assert "at batch sizes 4,8 and timed too few; running them again (1 of 2)" in caplog.text
+
+
+def test_the_repeats_stop_after_repeats_rounds() -> None:
+    engine = BackloggedEngine(untimed_runs=10)
+    _calibrate(engine)
+    assert engine.bursts == [1, 2, 4, 8] + [4, 8] * REPEATS
+
+
+def test_without_a_backlog_no_size_runs_again() -> None:
+    engine = BackloggedEngine(untimed_runs=10, backlog=False)
+    _calibrate(engine)
+    assert engine.bursts == list(SIZES)
