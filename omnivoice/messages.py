@@ -57,6 +57,15 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
+class TimeSteps:
+    """Engine -> stage: whether the worker times its steps for the capacity (engine/capacity.py). Off
+    while the warm-up burst runs: its steps pay first-time costs and share the device with the graphs
+    still being captured, and a kept calibration's figures must not be replaced by them."""
+
+    enabled: bool
+
+
+@dataclass(frozen=True)
 class ThinkerChunk:
     """Thinker -> talker: what the talker consumes, streamed as the thinker generates.
 
@@ -148,7 +157,15 @@ class StartStep:
 
 
 StageInput = (
-    NewRequest | ThinkerChunk | CodecChunk | AudioStarted | Abort | ForgetPrefix | EncodeAhead | Shutdown
+    NewRequest
+    | ThinkerChunk
+    | CodecChunk
+    | AudioStarted
+    | Abort
+    | ForgetPrefix
+    | EncodeAhead
+    | Shutdown
+    | TimeSteps
 )
 EngineMessage = TokenOutput | PcmOutput | StageFinished
 

@@ -37,7 +37,7 @@ from omnivoice.engine.start_record import start_record
 from omnivoice.engine.stuck import ProgressWatch
 from omnivoice.engine.supervisor import Supervisor
 from omnivoice.engine.warm_burst import run_apart, warm_burst
-from omnivoice.messages import Abort, EncodeAhead, ForgetPrefix, NewRequest
+from omnivoice.messages import Abort, EncodeAhead, ForgetPrefix, NewRequest, TimeSteps
 from omnivoice.models.dummy import DummySource
 from omnivoice.models.token_prompt import newline_id
 from omnivoice.models.tool_calls import call_grammar
@@ -119,8 +119,11 @@ class Engine(ModelFront, Dispatch):
         stages = profile.stages
         try:
             if stages.warms_burst():
+                # its steps are not timed: admission learns from the calibration's (or the kept ones)
+                pipeline.broadcast(TimeSteps(False))
                 with steps.step("warm burst"):
                     warm_burst(engine, stages, model.spec, newline_id(model.tokenizer))
+                pipeline.broadcast(TimeSteps(True))
             if stages.calibrates():  # admission then knows the stages' step times before any request
                 kept = KeptCalibration.of(profile, model.source)
                 if not kept.reuse(engine):  # the last calibration of these settings, if there is one

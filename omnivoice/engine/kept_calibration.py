@@ -5,11 +5,12 @@ The calibration (engine/calibration.py) times each stage worker's decode steps a
 and admission's capacity is fitted to those step times. They depend on the model, the stage settings,
 torch, the devices and the way the calibration times them only, so the figures of one start hold for
 the next start of the same key: each worker's step times after the calibration are kept in
-`<cache_dir>/calibrations/<model digest>.json` with that key. A start whose key matches seeds the dispatcher with them, the way a restart's new
-workers start from their predecessors' step times (engine/dispatch.py): admission knows the capacity
-before the first request, and served steps replace the kept figures size by size. A changed key
-calibrates afresh (the log says what changed) and keeps the new figures in place of the old ones; a
-file that cannot be read calibrates, with a warning: a kept calibration never fails a start.
+`<cache_dir>/calibrations/<model digest>.json` with that key. A start whose key matches seeds the
+dispatcher with them, the way a restart's new workers start from their predecessors' step times
+(engine/dispatch.py): admission knows the capacity before the first request, and served steps replace
+the kept figures size by size (the warm-up burst's steps are not timed: messages.TimeSteps). A changed
+key calibrates afresh (the log says what changed) and keeps the new figures in place of the old ones;
+a file that cannot be read calibrates, with a warning: a kept calibration never fails a start.
 """
 
 from __future__ import annotations

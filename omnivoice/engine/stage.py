@@ -37,6 +37,7 @@ from omnivoice.messages import (
     Shutdown,
     StageFinished,
     ThinkerChunk,
+    TimeSteps,
     TokenOutput,
 )
 from omnivoice.runners.graph_backlog import GraphBacklog
@@ -123,6 +124,7 @@ class StageWorker:
         self._gave_way_s = 0.0  # in all
         self._giving_way_s = 0.0  # in a row, since its last step
         self._step_times = StepTimes()
+        self._timing = True  # TimeSteps: off while the warm-up burst runs
         # the next stage's replica of each request in flight here (sticky: from its route)
         self._next: dict[str, int] = {}
         self.parent_pid = parent_pid  # a stage process exits when the server that started it is gone
@@ -184,6 +186,9 @@ class StageWorker:
                 if isinstance(msg, Shutdown):
                     log.info("%s stage stopping", name)
                     return
+                if isinstance(msg, TimeSteps):
+                    self._timing = msg.enabled
+                    continue
                 self._handle(msg)
             if msgs:
                 took = time.perf_counter() - began
@@ -264,7 +269,9 @@ class StageWorker:
             return  # it captured a graph left for later first: not a step time to learn from
         self._report_slow("a step", took)
         stats = self.runner.stats()
-        if not stats.last_step_prefilled:  # a warm-up burst's or a wave's prefill is no decode step
+        if (
+            self._timing and not stats.last_step_prefilled
+        ):  # a prefill (a burst's, a wave's) is no decode step
             self._step_times.add(stats.last_batch_size, took)
         usual = self._usual_step_s
         self._usual_step_s = took if usual is None else 0.9 * usual + 0.1 * took

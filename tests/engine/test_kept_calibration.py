@@ -70,6 +70,28 @@ async def test_a_second_start_reuses_the_calibration_and_knows_its_capacity_at_o
     assert third.streams is not None
 
 
+async def test_the_warm_up_burst_leaves_the_kept_step_times_as_they_were(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The burst's steps are not timed (messages.TimeSteps): a start that reuses a calibration after
+    its warm-up burst knows exactly the kept figures, not a mix with the burst's first steps."""
+    p = profile(tmp_path, tiny_checkpoint)
+    p = p.model_copy(update={"stages": p.stages.model_copy(update={"warm_burst": True})})
+    said, _, _ = await start(p, caplog)
+    assert said.startswith("calibrating:"), said
+    kept = json.loads(KeptCalibration.of(p, tiny_checkpoint).path.read_text())
+    expected = {(w["stage"], w["replica"]): tuple(tuple(x) for x in w["step_times"]) for w in kept["workers"]}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="omnivoice.engine"):
+        engine = await Engine.start(p)
+    try:
+        assert "reusing the calibration of" in caplog.text
+        assert sum(s.steps for s in engine.replica_stats()) > 0  # the burst ran
+        assert {(w.name, w.replica): w.step_times for w in engine.replica_stats()} == expected
+    finally:
+        await engine.close()
+
+
 async def test_another_key_recalibrates_and_so_does_an_unreadable_file(
     tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
