@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from omnivoice.config import ProfileError, load_profile
+from omnivoice.config import Profile, ProfileError, load_profile
 from omnivoice.logs import configure_logging, stacks_on_sigusr1
+
+if TYPE_CHECKING:
+    from omnivoice.engine.core.launch import CoreLaunch
 
 log = logging.getLogger("omnivoice")
 
@@ -233,14 +238,36 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnivoice serve: {e}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(level)
+    launch = _launch_core(profile)  # its start runs beside the server's imports and start
     from omnivoice.server.app import run_server  # the server stack, imported only for `serve`
+    from omnivoice.server.lifecycle import start_default_engine
 
+    factory = functools.partial(start_default_engine, launch=launch)
     try:
         return asyncio.run(
-            run_server(profile, host, port, level, api_keys=keys, insecure_no_auth=args.insecure_no_auth)
+            run_server(
+                profile, host, port, level, factory, api_keys=keys, insecure_no_auth=args.insecure_no_auth
+            )
         )
     except KeyboardInterrupt:
         return 130
+    finally:
+        if launch is not None:
+            launch.close()  # only if the server never took it over
+
+
+def _launch_core(profile: Profile) -> CoreLaunch | None:
+    """The engine core of a `stages.core: process` profile that names its model, started now, before
+    the server imports its own stack; None otherwise (the server starts the engine as it starts; the
+    tiny default may have to be built first, and a model that cannot be resolved is reported then)."""
+    if profile.stages.core != "process" or profile.model.path is None:
+        return None
+    from omnivoice.engine.core.launch import CoreLaunch
+
+    try:
+        return CoreLaunch.begin(profile)
+    except (OSError, ValueError):
+        return None
 
 
 def _bench(args: argparse.Namespace) -> int:

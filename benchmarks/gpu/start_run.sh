@@ -11,12 +11,14 @@
 # Once healthy, it waits until /health lists no `graphs_pending` (the CUDA graphs of wide batches that
 # the stages capture after the start, while idle: `graphs_at_start`) before the chat runs, so these
 # measure the stages with every graph in place.
-# Results in $OUT/r.tgz, packed after every step: serve-<phase>.log, start-<phase>.json (engine_start_s,
+# Results in $OUT/r-<phase>.tgz (one per phase, so one call can run both), packed after every step: serve-<phase>.log, start-<phase>.json (engine_start_s,
 # all_graphs_s: from the command until no graph was pending, start_caches, gpu, per-step seconds from
 # the log), health-<phase>.jsonl (/health while starting, every 5th poll), chat-<phase>-c<N>.json, and
 # for c2w code2wav-start.json. Python runs unbuffered.
 #   PROFILE=configs/h200-dummy.yaml  PORT=8000  START_LIMIT=480 (s)  CHAT="32 1"  TB=150 (s per chat run)
 #   TOKENS=64 FRAMES=240  MODES="1:10 1:3 16:10 65:0" (c2w: tune_from_batch:benchmark_limit)
+#   SPY=1   sample every process of the server (py-spy from .whl/, --subprocesses) from the command
+#           until healthy: collapsed stacks in spy-<phase>.txt, where each stage's start spends its time
 #   KEEP=1  leave the server running for realtime_scale.sh's later phases (its pid and log where that
 #           script keeps them, under STATE=/tmp/rtscale) instead of stopping it after the chat runs
 set -u
@@ -33,7 +35,7 @@ mkdir -p "$OUT/r"
 STATE=${STATE:-/tmp/rtscale}
 log="$OUT/r/serve-$PHASE.log"
 if [ "${KEEP:-0}" = 1 ]; then mkdir -p "$STATE/r"; log="$STATE/r/serve.log"; fi  # $OUT is emptied by the next call
-pack() { [ "${KEEP:-0}" = 1 ] && cp "$log" "$OUT/r/serve-$PHASE.log"; (cd "$OUT" && tar czf r.tgz.part r && mv r.tgz.part r.tgz); }
+pack() { [ "${KEEP:-0}" = 1 ] && cp "$log" "$OUT/r/serve-$PHASE.log"; (cd "$OUT" && tar czf "r-$PHASE.tgz.part" r && mv "r-$PHASE.tgz.part" "r-$PHASE.tgz"); }
 health() { python3 -c 'import urllib.request as u, sys
 try: print(u.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read().decode())
 except Exception as e: print(e.read().decode() if hasattr(e, "read") else "{}"); sys.exit(1)' $PORT; }
@@ -51,6 +53,12 @@ fi
 t0=$(date +%s.%N)
 setsid nohup python3 -m omnivoice serve --profile "$PROFILE" --port $PORT > "$log" 2>&1 < /dev/null &
 server=$!
+spy=""
+if [ "${SPY:-0}" = 1 ]; then
+    /tmp/site/bin/py-spy record --pid $server --subprocesses --rate ${SPY_RATE:-25} --threads --idle --format raw --nonblocking \
+        -o "$OUT/r/spy-$PHASE.txt" > "$OUT/r/spy-$PHASE.log" 2>&1 &
+    spy=$!
+fi
 if [ "${KEEP:-0}" = 1 ]; then echo $server > "$STATE/server.pid"; echo "${t0%.*}" > "$STATE/t0"; fi
 ready=""
 for i in $(seq 1 ${START_LIMIT:-480}); do
@@ -60,6 +68,9 @@ for i in $(seq 1 ${START_LIMIT:-480}); do
     sleep 1
 done
 t1=$(date +%s.%N)
+if [ -n "$spy" ]; then  # py-spy writes its samples on SIGINT
+    kill -INT $spy; for _ in $(seq 1 30); do kill -0 $spy 2>/dev/null || break; sleep 1; done
+fi
 t2=""  # until no stage has graphs left to capture
 for i in $(seq 1 ${GRAPHS_LIMIT:-240}); do
     [ -n "$ready" ] || break
@@ -82,6 +93,7 @@ print(json.dumps({
     "engine_ready_log_s": float(ready_in[1]) if ready_in else None, "gpu": gpu, "torch": torch.__version__,
     "reused_compiled": len(re.findall(r"compiled artifacts reused", text)),
     "compile_cache": re.findall(r"compile cache: \d+ graphs reused, \d+ compiled", text),
+    "capacity": re.findall(r"(?:capacity calibrated|reusing the calibration|calibrating:)[^\n]*", text),
     "code2wav": re.findall(r"code2wav: \d+ CUDA graphs captured in [\d.]+ s", text),
     "steps_s": steps,
 }, indent=1))

@@ -12,29 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from omnivoice.config import Profile
-from omnivoice.models.dummy import DummySource, dummy_spec, parse_source
+from omnivoice.engine.model_source import resolve_model_path
+from omnivoice.models.dummy import dummy_spec
+from omnivoice.models.dummy_source import DummySource
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_image_settings, load_processor_parts
 from omnivoice.models.prompt import PromptBuilder
 from omnivoice.types import TALKER_PROMPT_EXTRA, ModelInfo
-
-
-def resolve_model_path(profile: Profile) -> Path | DummySource:
-    """The model to serve: the profile's checkpoint or dummy model, else the tiny default (built once)."""
-    if profile.model.path is not None:
-        dummy = parse_source(profile.model.path)
-        if dummy is not None:
-            return dummy
-        path = Path(profile.model.path).expanduser()
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path {path} is not a Hugging Face checkpoint folder (no config.json)"
-            )
-        return path
-    from omnivoice.models.tiny import ensure_tiny_checkpoint
-
-    cache = Path(profile.model.cache_dir).expanduser() if profile.model.cache_dir else None
-    return ensure_tiny_checkpoint(cache)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
 
-from omnivoice.config import DUMMY_MODELS, DUMMY_PREFIX
+from omnivoice.config import DUMMY_MODELS
 from omnivoice.models.dummy_source import DummySource
 from omnivoice.models.dummy_tokenizer import added_token_id
 from omnivoice.models.loader import TOOL_CALL_TOKEN, ModelSpec
@@ -137,16 +137,6 @@ REDUCED: Mapping[str, Any] = {
     "code2wav_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                         "num_attention_heads": 4, "num_key_value_heads": 4, "decoder_dim": 32},
 }  # fmt: skip
-
-
-def parse_source(path: str) -> DummySource | None:
-    """The DummySource named by a `model.path` of the form `dummy:<name>`, else None."""
-    if not path.startswith(DUMMY_PREFIX):
-        return None
-    name = path[len(DUMMY_PREFIX) :]
-    if name not in _ARCHITECTURES:
-        raise ValueError(f"unknown dummy model {name!r}; known: {sorted(_ARCHITECTURES)}")
-    return DummySource(name)
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnivoice.config import DUMMY_PREFIX
+from omnivoice.config import DUMMY_MODELS, DUMMY_PREFIX
 
 
 @dataclass(frozen=True)
@@ -21,3 +21,13 @@ class DummySource:
 
     def __str__(self) -> str:
         return DUMMY_PREFIX + self.name + (" (overridden)" if self.overrides else "")
+
+
+def parse_source(path: str) -> DummySource | None:
+    """The DummySource named by a `model.path` of the form `dummy:<name>`, else None."""
+    if not path.startswith(DUMMY_PREFIX):
+        return None
+    name = path[len(DUMMY_PREFIX) :]
+    if name not in DUMMY_MODELS:
+        raise ValueError(f"unknown dummy model {name!r}; known: {sorted(DUMMY_MODELS)}")
+    return DummySource(name)

@@ -6,8 +6,9 @@ container does not have. Each process that builds stage runners therefore keeps 
 one file, `<cache_dir>/compiled/<stages>-<digest>/artifacts.bin` (torch's portable "mega-cache"
 format), and loads it back into torch's caches before its next build, so the compiler finds every
 graph it needs instead of tracing and generating it again. Inductor's own cache folder is moved under
-`<cache_dir>/compiled/inductor` too (unless TORCHINDUCTOR_CACHE_DIR is set), so a kept cache folder
-(a volume, an image layer) carries both.
+`<cache_dir>/compiled/inductor` too (unless TORCHINDUCTOR_CACHE_DIR is set), and Triton's under
+`<cache_dir>/compiled/triton` (unless TRITON_CACHE_DIR is set), so a kept cache folder (a volume, an
+image layer) carries them all.
 
 The file is keyed by what decides the compiled code: the stages the process builds and their
 settings (batch, lengths, dtype, chunking), the model, torch's and Triton's versions and the device
@@ -69,11 +70,19 @@ def artifact_key(stages: str, model: str, settings: dict[str, Any], device: torc
     return ArtifactKey(stages, model, text, str(torch.__version__), triton_version, name)
 
 
-def use_inductor_cache_under(root: Path) -> None:
-    """Inductor's (and Triton's) cache folder under `root`, unless TORCHINDUCTOR_CACHE_DIR is set: read
-    by torch when it first compiles, so call before that. Inherited by stage processes."""
+def use_compile_caches_under(root: Path) -> None:
+    """Inductor's cache folder under `root` (`inductor`), unless TORCHINDUCTOR_CACHE_DIR is set, and
+    Triton's (`triton`), unless TRITON_CACHE_DIR is set: read by torch and Triton when they first
+    compile, so call before that. Inherited by stage processes.
+
+    Triton's folder is named here because otherwise it moves within a process: Triton's own
+    `~/.triton/cache` until inductor first builds a kernel launcher, which points it at inductor's
+    folder from then on. A kernel of our own (the code predictor's) compiled before that on one start
+    and after it on the next is then looked up in the other folder, and compiled again."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    if "TRITON_CACHE_DIR" not in os.environ:
+        os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
 
 
 class CompiledArtifacts:

@@ -16,7 +16,7 @@ from omnivoice.models.dummy import DummySource, build_dummy_part, dummy_spec, du
 from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.parts import load_part, load_tts_embeds
-from omnivoice.runners.compile_cache import CompiledArtifacts, artifact_key, use_inductor_cache_under
+from omnivoice.runners.compile_cache import CompiledArtifacts, artifact_key, use_compile_caches_under
 from omnivoice.runners.start_steps import Report, StartSteps
 from omnivoice.types import StageName
 
@@ -157,7 +157,7 @@ def _kept_artifacts(
         return None
     cache = Path(profile.model.cache_dir).expanduser() if profile.model.cache_dir else default_cache_dir()
     root = cache / "compiled"
-    use_inductor_cache_under(root)
+    use_compile_caches_under(root)
     settings = {f"{s}{r}": stages.stage(s).model_dump(mode="json") for s, r in only}
     label = "-".join(f"{s}{r}" for s, r in only)
     artifacts = CompiledArtifacts(root, artifact_key(label, str(path), settings, compiling[0]))

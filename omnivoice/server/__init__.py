@@ -7,6 +7,18 @@ keys, client secrets, origins, rate limits), admission, limits and drain (lifecy
 `/health`, `/v1/models`, `/metrics` and `/v1/debug/state`, and the voice-chat page (page).
 """
 
-from omnivoice.server.app import create_app
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["create_app"]
+
+
+def __getattr__(name: str) -> Any:
+    """`create_app`, imported when first asked for: `omnivoice serve` checks its keys (server.auth)
+    and starts the engine core before it imports the server stack (torch among it)."""
+    if name == "create_app":
+        from omnivoice.server.app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

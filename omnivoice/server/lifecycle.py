@@ -17,6 +17,7 @@ from omnivoice.types import Capacity, EngineStats
 
 if TYPE_CHECKING:
     from omnivoice.engine.core.client import EngineClient
+    from omnivoice.engine.core.launch import CoreLaunch
     from omnivoice.engine.engine import Engine
     from omnivoice.server.drain import Drain
 
@@ -29,15 +30,27 @@ EngineFactory = (
 )
 
 
-async def start_default_engine(profile: Profile, progress: StartProgress) -> EngineAPI:
+async def start_default_engine(
+    profile: Profile, progress: StartProgress, launch: CoreLaunch | None = None
+) -> EngineAPI:
     """`Engine.start(profile)`, or with `stages.core: process` an engine client of a core process
-    (`EngineClient.start`), importing the model stack (torch, transformers: seconds) in a thread so
-    that neither importing the HTTP layer nor the event loop pays for it."""
+    (`EngineClient.start`): the core of `launch` if one was started before the server (`omnivoice
+    serve` does), else one started here before the client's heavy imports, so that the core's start
+    runs beside them. The model stack (torch, transformers: seconds) is imported in a thread, so that
+    neither importing the HTTP layer nor the event loop pays for it."""
     if profile.stages.core == "process":
+        if launch is None:
+            launch = await asyncio.to_thread(_launch_core, profile)
         client_cls = await asyncio.to_thread(_import_client)
-        return await client_cls.start(profile, progress)
+        return await client_cls.start(profile, progress, launch)
     engine_cls = await asyncio.to_thread(_import_engine)
     return await engine_cls.start(profile, progress=progress)
+
+
+def _launch_core(profile: Profile) -> CoreLaunch:
+    from omnivoice.engine.core.launch import CoreLaunch
+
+    return CoreLaunch.begin(profile)
 
 
 def _call(factory: EngineFactory, profile: Profile, progress: StartProgress) -> Awaitable[EngineAPI]:

@@ -1,12 +1,12 @@
 """The first engine core starts before the server has loaded the model: what it says meanwhile is
-held and handed, in order, to the engine client once that exists (engine/core/client.py's _Relay)."""
+held and handed, in order, to the engine client once that exists (engine/core/launch.py's Relay)."""
 
 from __future__ import annotations
 
 from typing import Any, cast
 
-from omnivoice.engine.core.client import EngineClient, _Relay
 from omnivoice.engine.core.handle import CoreHandle
+from omnivoice.engine.core.launch import Relay
 
 
 class Heard:
@@ -21,11 +21,11 @@ class Heard:
 
 
 def test_what_the_core_says_before_the_client_exists_reaches_it_in_order() -> None:
-    relay, handle, heard = _Relay(), cast(CoreHandle, object()), Heard()
+    relay, handle, heard = Relay(), cast(CoreHandle, object()), Heard()
     relay.message(handle, "step 1")
     relay.message(handle, "step 2")
     assert heard.events == []
-    relay.attach(cast(EngineClient, heard))
+    relay.attach(heard)
     assert heard.events == [("message", "step 1"), ("message", "step 2")]
     relay.message(handle, "ready")  # once attached, straight through
     relay.exit(handle)
@@ -33,8 +33,8 @@ def test_what_the_core_says_before_the_client_exists_reaches_it_in_order() -> No
 
 
 def test_a_core_that_ended_before_the_client_existed_is_reported_as_ended() -> None:
-    relay, handle, heard = _Relay(), cast(CoreHandle, object()), Heard()
+    relay, handle, heard = Relay(), cast(CoreHandle, object()), Heard()
     relay.message(handle, "step 1")
     relay.exit(handle)
-    relay.attach(cast(EngineClient, heard))
+    relay.attach(heard)
     assert heard.events == [("message", "step 1"), ("exit", handle)]

@@ -15,8 +15,8 @@ from omnivoice.models.dummy import (
     dummy_config,
     dummy_spec,
     dummy_tts_embeds,
-    parse_source,
 )
+from omnivoice.models.dummy_source import parse_source
 
 FULL = DummySource("qwen3-omni-30b-a3b")
 

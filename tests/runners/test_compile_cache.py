@@ -20,7 +20,7 @@ from omnivoice.runners.compile_cache import (
     KEY,
     CompiledArtifacts,
     artifact_key,
-    use_inductor_cache_under,
+    use_compile_caches_under,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,15 +69,19 @@ def test_artifacts_of_another_key_are_not_loaded(tmp_path: Path, caplog: pytest.
     assert old.folder.exists()  # removed once the new key's artifacts are kept
 
 
-def test_inductor_cache_goes_under_the_cache_dir_unless_set(
+def test_inductor_and_triton_caches_go_under_the_cache_dir_unless_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    use_inductor_cache_under(tmp_path)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    use_compile_caches_under(tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
-    use_inductor_cache_under(tmp_path)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/elsewhere")
+    use_compile_caches_under(tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+    assert os.environ["TRITON_CACHE_DIR"] == "/elsewhere"
 
 
 # A start in miniature: load the kept artifacts, compile a function, keep what was compiled.

@@ -31,8 +31,9 @@ import numpy as np
 
 from omnivoice.config import Profile
 from omnivoice.engine.core.handle import CoreHandle
+from omnivoice.engine.core.launch import CoreLaunch
 from omnivoice.engine.dispatch import RESTARTING, STOPPED
-from omnivoice.engine.loading import ServedModel, load_served_model, resolve_model_path
+from omnivoice.engine.loading import ServedModel, load_served_model
 from omnivoice.engine.model_front import ModelFront
 from omnivoice.engine.restart_budget import RestartBudget
 from omnivoice.engine.start_progress import StartProgress
@@ -80,43 +81,6 @@ class _Pending:
     queue: asyncio.Queue[EngineOutput | Exception] = field(default_factory=asyncio.Queue)
 
 
-class _Relay:
-    """The first core's messages and exit until the client that started it exists (it loads the model
-    meanwhile): held in order, then handed to the client, and later ones passed straight on."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: list[tuple[CoreHandle, Any]] = []  # (handle, message), or (handle, _EXITED)
-        self._client: EngineClient | None = None
-
-    def message(self, handle: CoreHandle, msg: Any) -> None:
-        with self._lock:
-            if self._client is None:
-                self._held.append((handle, msg))
-            else:
-                self._deliver(self._client, handle, msg)
-
-    def exit(self, handle: CoreHandle) -> None:
-        self.message(handle, _EXITED)
-
-    def attach(self, client: EngineClient) -> None:
-        with self._lock:
-            for handle, msg in self._held:
-                self._deliver(client, handle, msg)
-            self._held.clear()
-            self._client = client
-
-    @staticmethod
-    def _deliver(client: EngineClient, handle: CoreHandle, msg: Any) -> None:
-        if msg is _EXITED:
-            client._on_exit(handle)
-        else:
-            client._on_message(handle, msg)
-
-
-_EXITED = object()
-
-
 class EngineClient(ModelFront):
     def __init__(self, profile: Profile, model: ServedModel, progress: StartProgress) -> None:
         super().__init__(profile, model)
@@ -138,24 +102,26 @@ class EngineClient(ModelFront):
         self._closed = False
 
     @classmethod
-    async def start(cls, profile: Profile, progress: StartProgress | None = None) -> EngineClient:
-        """Load what the server needs of the model, start a core process and wait until it is ready
-        (raises RuntimeError with the core's error if it could not start)."""
+    async def start(
+        cls, profile: Profile, progress: StartProgress | None = None, launch: CoreLaunch | None = None
+    ) -> EngineClient:
+        """Load what the server needs of the model and wait until the core is ready: the core of
+        `launch` (started earlier, engine/core/launch.py), else one started here first, so that its
+        start (minutes on a GPU) runs while this process loads the model. Raises RuntimeError with
+        the core's error if it could not start."""
         progress = progress or StartProgress()
-        source = await asyncio.to_thread(resolve_model_path, profile)
-        # the core starts first: its start (minutes on a GPU) runs while this process loads the model
-        relay = _Relay()
-        handle = CoreHandle(profile, source, 1, relay.message, relay.exit)
-        handle.start()
+        if launch is None:
+            launch = await asyncio.to_thread(CoreLaunch.begin, profile)
+        handle = launch.take().handle
         try:
-            model = await asyncio.to_thread(load_served_model, profile, source)
+            model = await asyncio.to_thread(load_served_model, profile, launch.source)
         except BaseException:
             await asyncio.to_thread(handle.stop, 10.0)
             raise
         client = cls(profile, model, progress)
         client._loop = asyncio.get_running_loop()
         client._generation, client._handle = 1, handle
-        relay.attach(client)
+        launch.relay.attach(client)
         await asyncio.to_thread(handle.ready.wait)
         if handle.error is not None:
             await asyncio.to_thread(handle.stop, 10.0)
