@@ -143,9 +143,11 @@ class ServeProcess:
         assert self.port is not None, "".join(self.lines[-40:])
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_log_closed(self, timeout: float) -> None:
-        """Until every process that holds the log pipe (the server, its stage processes) has ended."""
+    def wait_log_closed(self, timeout: float) -> bool:
+        """Until every process that holds the log pipe (the server, its stage processes) has ended;
+        False if one still held it after `timeout`."""
         self._reader.join(timeout)
+        return not self._reader.is_alive()
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -73,7 +73,6 @@ class CoreLaunch:
     """The first core of a server (generation 1), started by `begin`, taken over by one client."""
 
     def __init__(self, profile: Profile, source: Path | DummySource) -> None:
-        self.profile = profile
         self.source = source
         self.relay = Relay()
         self.handle = CoreHandle(profile, source, 1, self.relay.message, self.relay.exit)
