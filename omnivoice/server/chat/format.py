@@ -49,6 +49,7 @@ codec frames are reported in `completion_tokens_details.audio_tokens`.
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -79,8 +80,17 @@ class Turn:
 
 def encode_audio(pcm: np.ndarray, sample_rate: int, audio_format: str) -> str:
     """Base64 of `pcm` as a whole WAV file (`wav`) or raw little-endian 16-bit samples (`pcm16`)."""
+    return audio_b64(pcm, sample_rate, audio_format).decode("ascii")
+
+
+def audio_b64(pcm: np.ndarray, sample_rate: int, audio_format: str) -> bytes:
+    """`encode_audio` as ASCII bytes, for `ChunkWriter.audio_event`."""
     data = encode_wav(pcm, sample_rate) if audio_format == "wav" else pcm16_bytes(pcm)
-    return base64.b64encode(data).decode("ascii")
+    return base64.b64encode(data)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
@@ -159,11 +169,23 @@ class ChunkWriter:
     def text(self, text: str) -> dict:
         return self._chunk("text", {"content": text})
 
-    def audio(self, b64: str, transcript: str | None = None) -> dict:
-        audio: dict[str, Any] = {"id": self.turn.audio_id, "data": b64}
-        if transcript:
-            audio["transcript"] = transcript
-        return self._chunk("audio", {"content": b64, "audio": audio})
+    def audio_event(self, b64: bytes, transcript: str | None = None) -> bytes:
+        """An audio chunk as its whole SSE event (what `sse_event` makes of the chunk's JSON), built
+        around the base64 rather than through a JSON encoder: base64 needs no escaping, and an
+        encoder would scan both copies of it, on the event loop, for every chunk."""
+        t = self.turn
+        role = b"" if self._role_sent else b'"role":"assistant",'
+        self._role_sent = True
+        said = b',"transcript":' + _json(transcript) if transcript else b""
+        return b"".join(
+            (
+                b'data: {"id":', _json(t.id), b',"object":"chat.completion.chunk","created":',
+                str(t.created).encode(), b',"model":', _json(t.model),
+                b',"modality":"audio","choices":[{"index":0,"delta":{', role, b'"content":"', b64,
+                b'","audio":{"id":', _json(t.audio_id), b',"data":"', b64, b'"', said,
+                b'}},"logprobs":null,"finish_reason":null}]}\n\n',
+            )
+        )  # fmt: skip
 
     def tool_call(self, delta: ToolCallDelta) -> dict:
         """A call's first chunk (id, name) or a piece of its arguments."""

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnivoice.engine.api import EngineAPI
-from omnivoice.server.chat.format import ChunkWriter, Turn, completion_body, encode_audio
+from omnivoice.server.chat.format import ChunkWriter, Turn, audio_b64, completion_body, encode_audio
 from omnivoice.server.chat.sse import DONE, run_unless_disconnected, sse_event
 from omnivoice.server.errors import (
     APIError,
@@ -135,8 +135,8 @@ async def stream(
                 _log_call(gen.request_id, out)
                 called = True
             elif isinstance(out, AudioChunk) and turn.want_audio:
-                b64 = encode_audio(out.pcm, out.sample_rate, turn.audio_format)
-                yield sse_event(writer.audio(b64, "".join(transcript)))
+                b64 = audio_b64(out.pcm, out.sample_rate, turn.audio_format)
+                yield writer.audio_event(b64, "".join(transcript))
                 transcript.clear()
                 timer.audio(out.pcm.size / out.sample_rate)
             elif isinstance(out, Finished):
