@@ -10,14 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from omnivoice.types import EngineStats, GenerationRequest, StageName, StageStats
+from omnivoice.types import EngineStats, GenerationRequest, HopHistogram, StageName, StageStats
 
 
 @dataclass(frozen=True)
 class NewRequest:
-    """Engine -> thinker: start a request."""
+    """Engine -> thinker: start a request; from the engine client to a core, `sent_at` is when it was
+    sent (time.monotonic(), for the `request` hop of types.HOPS)."""
 
     request: GenerationRequest
+    sent_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,8 @@ class CoreOutputs:
     outputs: tuple[Any, ...]  # EngineOutput, each naming its request
     failure: str | None
     restarting: bool
+    made_at: float = 0.0  # when the oldest of them reached the outbox (time.monotonic())
+    sent_at: float = 0.0  # when they were put on the channel
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,7 @@ class CoreSnapshot:
     replicas: tuple[StageStats, ...]  # each stage worker's own
     failure: str | None
     restarting: bool
+    requests: HopHistogram | None = None  # the `request` hop, as the core timed it
 
 
 @dataclass(frozen=True)

@@ -333,6 +333,38 @@ class StageStats:
         )
 
 
+# How long messages take between the engine client and a core process (`stages.core: process`), hop by
+# hop: `request`, from the client's `generate` until the core's main thread takes the request;
+# `outbox`, from the core's dispatcher handing an output over until the core's outbox thread puts its
+# batch on the channel (the oldest output of each batch); `channel`, from a batch being put on the
+# channel (pickling, shared memory, the queue's feeder thread, the pipe) until the client's reader
+# thread has it unpickled; `loop`, from the reader thread until the event loop hands the batch to its
+# requests. Times are `time.monotonic()`, which both processes read alike on one host.
+HOPS = ("request", "outbox", "channel", "loop")
+HOP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # seconds
+
+
+@dataclass
+class HopHistogram:
+    """One hop's times (see HOPS): `counts` cumulative per HOP_BUCKETS bound, how many, their sum."""
+
+    hop: str
+    counts: list[int] = field(default_factory=lambda: [0] * len(HOP_BUCKETS))
+    total: int = 0
+    sum_s: float = 0.0
+
+    def record(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.total += 1
+        self.sum_s += seconds
+        for i, bound in enumerate(HOP_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+
+    def copy(self) -> HopHistogram:
+        return HopHistogram(self.hop, list(self.counts), self.total, self.sum_s)
+
+
 @dataclass(frozen=True)
 class Capacity:
     """The audio streams the engine measures it can serve in real time (engine/capacity.py)."""
@@ -369,6 +401,7 @@ class EngineStats:
     conversations: int = 0  # conversations the router keeps a thinker replica for (cache_key affinity)
     routed: int = 0  # requests counted against a replica by the router (sum of replica_load)
     capacity: Capacity | None = None
+    hops: tuple[HopHistogram, ...] = ()  # a core process's hops (HOPS); none for an in-process engine
 
 
 # The talker's context holds a prompt's user positions plus 9 (the assistant start, tts pads and bos,

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from omnivoice.bench.metrics import RequestRecord
+from omnivoice.bench.server_metrics import Samples, scrape
 
 PCM_RATE = 24000  # pcm16 in this protocol is 16-bit mono little-endian at 24 kHz
 
@@ -53,6 +54,8 @@ class LoadResult:
     duration_s: float  # wall time of the measured phase
     model: str
     owned_by: str | None
+    # the server's /metrics right before and after the measured phase (None: not readable there)
+    scraped: tuple[Samples | None, Samples | None] = (None, None)
 
 
 Progress = Callable[[str, int, int, RequestRecord], None]  # (phase, done, total, record)
@@ -258,6 +261,9 @@ async def run_load(cfg: LoadConfig, progress: Progress | None = None) -> LoadRes
         owned_by = (entry or {}).get("owned_by")
         prompts = prompt_sequence(cfg)
         await _phase(client, cfg, model, prompts[: cfg.warmups], "warm-up", progress)
+        before = await asyncio.to_thread(scrape, cfg.base_url, cfg.api_key)
         start = time.perf_counter()
         records = await _phase(client, cfg, model, prompts[cfg.warmups :], "request", progress)
-        return LoadResult(records, time.perf_counter() - start, model, owned_by)
+        duration = time.perf_counter() - start
+        after = await asyncio.to_thread(scrape, cfg.base_url, cfg.api_key)
+        return LoadResult(records, duration, model, owned_by, (before, after))

@@ -14,6 +14,7 @@ import httpx
 from omnivoice.bench.chat_load import LoadConfig, LoadResult, run_load
 from omnivoice.bench.metrics import RequestRecord, playback_stall, rtf, summarize
 from omnivoice.bench.report import build_report, describe_machine, format_table, write_json
+from omnivoice.bench.server_metrics import breakdown, format_lines
 
 DEFAULT_PROMPT = "Tell me a short story about a lighthouse keeper and a lost seagull."
 
@@ -170,7 +171,12 @@ def run(args: argparse.Namespace) -> int:
         modalities=",".join(cfg.modalities),
         command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     )
+    server = breakdown(*result.scraped, result.duration_s)
+    if server is not None:
+        report["server"] = server
     print(format_table(report))
+    if server is not None:
+        print("\n".join(format_lines(server)))
     if args.output_json is not None:
         write_json(report, args.output_json)
         print(f"wrote {args.output_json}", file=sys.stderr)

@@ -6,7 +6,8 @@ off the bucket counts as Prometheus' `histogram_quantile` does) and, per stage, 
 steps, the share of the run it was stepping, the host (CPU) time per step, the share of its step time
 it was runnable but without a CPU and blocked (mostly waiting for the GIL: engine/step_clock.py), the
 time it spent taking messages, and its GPU's utilisation at the end; plus the capacity the engine
-measured at the start and the end.
+measured at the start and the end; and with a core process, each hop between it and the server
+(types.HOPS).
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ from prometheus_client.parser import text_string_to_metric_families
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
 LAG = "omnivoice_event_loop_lag_seconds"
 INTAKE = "omnivoice_realtime_intake_lag_seconds"
+HOP = "omnivoice_core_hop_seconds"
+CHAT = {
+    "prepare": "omnivoice_request_prepare_seconds",
+    "first_text": "omnivoice_time_to_first_token_seconds",
+    "first_audio": "omnivoice_time_to_first_audio_seconds",
+}
 STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
 
 
 def scrape(base_url: str, api_key: str | None = None) -> Samples | None:
-    """Every sample of `base_url`/metrics (name -> {sorted labels: value}); None if it cannot be read."""
+    """Every sample of `base_url`/metrics (name -> {sorted labels: value}); None if it cannot be read
+    or is not in Prometheus' text format."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{base_url.rstrip('/')}/metrics", headers=headers, timeout=30)
@@ -33,9 +41,12 @@ def scrape(base_url: str, api_key: str | None = None) -> Samples | None:
     if r.status_code != 200:
         return None
     out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    try:
+        for family in text_string_to_metric_families(r.text):
+            for s in family.samples:
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    except ValueError:  # not Prometheus' text format (another kind of server)
+        return None
     return out
 
 
@@ -68,12 +79,19 @@ def loop_lag(before: Samples, after: Samples) -> dict[str, float | None]:
     return histogram_ms(before, after, LAG)
 
 
-def histogram_ms(before: Samples, after: Samples, name: str) -> dict[str, float | None]:
-    """Histogram `name` (in seconds) over the run: its samples, and its mean and quantiles in ms."""
+def histogram_ms(
+    before: Samples, after: Samples, name: str, labels: tuple[tuple[str, str], ...] = ()
+) -> dict[str, float | None]:
+    """Histogram `name` (in seconds; the one of `labels`, sorted pairs) over the run: its samples, and
+    its mean and quantiles in ms."""
+
+    def mine(key: tuple[tuple[str, str], ...]) -> bool:
+        return tuple(kv for kv in key if kv[0] != "le") == labels
+
     b, a = before.get(f"{name}_bucket", {}), after.get(f"{name}_bucket", {})
-    buckets = sorted((float(dict(k)["le"]), v - b.get(k, 0.0)) for k, v in a.items())
-    count = (_one(after, f"{name}_count") or 0.0) - (_one(before, f"{name}_count") or 0.0)
-    total = (_one(after, f"{name}_sum") or 0.0) - (_one(before, f"{name}_sum") or 0.0)
+    buckets = sorted((float(dict(k)["le"]), v - b.get(k, 0.0)) for k, v in a.items() if mine(k))
+    count = after.get(f"{name}_count", {}).get(labels, 0.0) - before.get(f"{name}_count", {}).get(labels, 0.0)
+    total = after.get(f"{name}_sum", {}).get(labels, 0.0) - before.get(f"{name}_sum", {}).get(labels, 0.0)
     out: dict[str, float | None] = {"samples": count, "mean_ms": 1e3 * total / count if count else None}
     for q in (50, 95, 99):
         value = quantile(q / 100, buckets)
@@ -123,7 +141,14 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
         "front_door": front_door(before, after, seconds),
         # how far behind its caller each session handled its audio (the backlog after each append)
         "intake_lag": histogram_ms(before, after, INTAKE),
+        # a core process's hops (types.HOPS); empty for an in-process engine
+        "core_hops": {
+            hop: histogram_ms(before, after, HOP, (("hop", hop),))
+            for hop in sorted({dict(k)["hop"] for k in after.get(f"{HOP}_count", {})})
+        },
         "server_process_cores": _rate(before, after, "process_cpu_seconds_total", seconds),
+        # chat requests as the server saw them: from arrival to the engine, to the first text and audio
+        "chat": {key: histogram_ms(before, after, name) for key, name in CHAT.items()},
     }
 
 
@@ -183,6 +208,14 @@ def format_lines(b: dict[str, Any]) -> list[str]:
             f"p50 {f(intake['p50_ms'], digits=1)}, p95 {f(intake['p95_ms'], digits=1)}, "
             f"p99 {f(intake['p99_ms'], digits=1)}",
         )
+    timed = [(f"chat {k}, ms", h) for k, h in (b.get("chat") or {}).items()]
+    timed += [(f"core hop {k}, ms", h) for k, h in (b.get("core_hops") or {}).items()]
+    for title, h in timed:
+        if h.get("samples"):
+            lines.append(
+                f"{title:<28} mean {f(h['mean_ms'], digits=2)}, p50 {f(h['p50_ms'], digits=2)}, "
+                f"p95 {f(h['p95_ms'], digits=2)}, p99 {f(h['p99_ms'], digits=2)}"
+            )
     for name, s in b["stages"].items():
         lines.append(
             f"{name:<12} {f(s['busy_share'], 100):>6} {f(s['step_ms'], digits=1):>8} "

@@ -24,9 +24,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from omnivoice.server.loop_lag import LoopLag
-from omnivoice.types import Capacity, EngineStats, StageStats
+from omnivoice.types import HOP_BUCKETS, Capacity, EngineStats, HopHistogram, StageStats
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+_PREPARE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 # Values of the `status` label of omnivoice_requests_total.
@@ -80,6 +81,8 @@ class EngineStatsCollector(Collector):
         active.add_metric([], stats.active_requests)
         yield from (queued, running, batch, steps, gave_way, active)
         yield from _stage_time_metrics(stats.stages)
+        if stats.hops:
+            yield _hop_metrics(stats.hops)
         if stats.capacity is not None:
             yield from _capacity_metrics(stats.capacity)
 
@@ -111,6 +114,21 @@ def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
         if s.gpu_utilization is not None:
             gpu.add_metric([s.name], s.gpu_utilization)
     yield from (*families, ingested, gpu)
+
+
+def _hop_metrics(hops: tuple[HopHistogram, ...]) -> HistogramMetricFamily:
+    """How long messages take between the engine client and its core process, hop by hop (types.HOPS)."""
+    family = HistogramMetricFamily(
+        "omnivoice_core_hop_seconds",
+        "Time of a message between the engine client and its core process, by hop: request (client to "
+        "the core's main thread), outbox (dispatcher to the channel), channel (to the client's reader "
+        "thread), loop (reader thread to the event loop)",
+        labels=["hop"],
+    )
+    for h in hops:
+        buckets = [(f"{bound:g}", float(n)) for bound, n in zip(HOP_BUCKETS, h.counts, strict=True)]
+        family.add_metric([h.hop], [*buckets, ("+Inf", float(h.total))], h.sum_s)
+    return family
 
 
 def _capacity_metrics(cap: Capacity) -> Iterator[Metric]:
@@ -253,6 +271,11 @@ class Metrics:
                 "Audio streams admitted: open realtime sessions and chat requests with audio",
                 registry=r,
             ).set_function(promised_streams)
+        self.prepare = Histogram(
+            "omnivoice_request_prepare_seconds",
+            "Arrival to the request handed to the engine: its body read, validated and tokenized",
+            buckets=_PREPARE_BUCKETS, registry=r,
+        )  # fmt: skip
         self.ttft = Histogram(
             "omnivoice_time_to_first_token_seconds", "Arrival to first text chunk sent",
             buckets=_LATENCY_BUCKETS, registry=r,
@@ -277,8 +300,9 @@ class Metrics:
         if server_state is not None:
             r.register(ServerStateCollector(server_state))
 
-    def start_request(self) -> RequestTimer:
-        return RequestTimer(self)
+    def start_request(self, arrived: float | None = None) -> RequestTimer:
+        """A request's timer, its times counted from `arrived` (time.perf_counter(); None: now)."""
+        return RequestTimer(self, arrived)
 
     def count(self, status: str) -> None:
         """Count a request that ended before generation (invalid, rejected, unavailable)."""
@@ -291,9 +315,9 @@ class Metrics:
 class RequestTimer:
     """Latency bookkeeping of one request; call `text()` / `audio()` when chunks are sent."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, t0: float | None = None) -> None:
         self._m = metrics
-        self.t0 = time.perf_counter()
+        self.t0 = time.perf_counter() if t0 is None else t0
         self.first_text: float | None = None
         self.first_audio: float | None = None
         self.last_audio: float | None = None

@@ -76,3 +76,23 @@ def test_front_door_and_server_cpu_over_the_run() -> None:
     plain = breakdown(scrape([1, 1, 1], 1, 0.5, 1), scrape([1, 1, 2], 2, 1, 2), seconds=10.0)
     assert plain is not None and plain["front_door"]["appends"] is None
     assert plain["server_process_cores"] is None
+
+
+def test_each_core_hop_is_its_own_histogram_over_the_run() -> None:
+    def hops(request: tuple[float, float], channel: tuple[float, float]) -> Samples:
+        s = scrape([1, 1, 1], busy=1.0, cpu=0.5, steps=1)
+        name = "omnivoice_core_hop_seconds"
+        s[f"{name}_bucket"] = {}
+        for hop, (fast, total) in (("request", request), ("channel", channel)):
+            s[f"{name}_bucket"][(("hop", hop), ("le", "0.001"))] = fast
+            s[f"{name}_bucket"][(("hop", hop), ("le", "+Inf"))] = total
+            s.setdefault(f"{name}_count", {})[(("hop", hop),)] = total
+            s.setdefault(f"{name}_sum", {})[(("hop", hop),)] = 0.0005 * total
+        return s
+
+    b = breakdown(hops((10, 10), (5, 5)), hops((30, 30), (5, 45)), seconds=10.0)
+    assert b is not None
+    request, channel = b["core_hops"]["request"], b["core_hops"]["channel"]
+    assert request["samples"] == 20 and request["p95_ms"] == pytest.approx(0.95)  # all under 1 ms
+    assert channel["samples"] == 40 and channel["p50_ms"] == pytest.approx(1.0)  # all 40 slower
+    assert b["chat"]["prepare"]["samples"] == 0  # no chat request in the run

@@ -22,8 +22,9 @@ import openai
 import pytest
 import websockets
 
+from omnivoice.types import HOPS
 from tests.server.test_calibrated_capacity import scrape
-from tests.support.polling import until
+from tests.support.polling import until, wait_until
 from tests.support.realtime_client import Recorder, client
 from tests.support.restart_turns import check_failed_then_answered, interrupted_turn, next_turn
 from tests.support.serve import ServerThread, serve_tiny
@@ -86,6 +87,17 @@ def test_chat_through_the_core_process(server: ServerThread) -> None:
     done = sdk.chat.completions.create(model="omnivoice", messages=USER, max_tokens=4)  # type: ignore[arg-type]
     assert done.choices[0].finish_reason in ("stop", "length") and done.usage is not None
     until_idle(server)
+
+    def hops() -> dict[str, float]:
+        counts = scrape(server.base_url).get("omnivoice_core_hop_seconds_count", {})
+        return {dict(k)["hop"]: v for k, v in counts.items()}
+
+    # both requests went to the core and their outputs came back, each way timed (the request hop
+    # reaches the server with the core's next snapshot)
+    wait_until(lambda: hops().get("request", 0) >= 2, 10, "the core's timing of the requests")
+    counted = hops()
+    assert set(counted) == set(HOPS) and all(counted[h] >= 2 for h in HOPS[1:]), counted
+    assert scrape(server.base_url)["omnivoice_request_prepare_seconds_count"][()] >= 2
 
 
 def until_idle(server: ServerThread) -> None:

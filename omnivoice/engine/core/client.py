@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncGenerator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ from omnivoice.messages import (
     StartStep,
 )
 from omnivoice.types import (
+    HOPS,
     STAGES,
     Capacity,
     EngineOutput,
@@ -60,6 +61,7 @@ from omnivoice.types import (
     EngineUnavailable,
     Finished,
     GenerationRequest,
+    HopHistogram,
     StageStats,
 )
 
@@ -98,6 +100,8 @@ class EngineClient(ModelFront):
         self._restarting = False
         self._restart: threading.Thread | None = None
         self._snapshot: CoreSnapshot | None = None
+        # the hops outputs take back from the core (types.HOPS): timed by the reader and the loop
+        self._hops = {hop: HopHistogram(hop) for hop in HOPS[1:]}
         self._heard: tuple[str | None, bool] = (None, False)  # the core's failure and restart state
         self._closed = False
 
@@ -156,7 +160,10 @@ class EngineClient(ModelFront):
 
     def stats(self) -> EngineStats:
         snap = self._snapshot
-        return snap.stats if snap is not None else EngineStats((), len(self._pending))
+        if snap is None:
+            return EngineStats((), len(self._pending))
+        requests = snap.requests or HopHistogram(HOPS[0])
+        return replace(snap.stats, hops=(requests, *(h.copy() for h in self._hops.values())))
 
     def capacity(self) -> Capacity:
         snap = self._snapshot
@@ -193,7 +200,7 @@ class EngineClient(ModelFront):
             raise EngineOverloaded(why)
         pending = self._pending[rid] = _Pending(request.want_audio)
         self._count(pending, +1)
-        self._send(NewRequest(request))
+        self._send(NewRequest(request, time.monotonic()))
         try:
             while True:
                 out = await pending.queue.get()
@@ -265,7 +272,8 @@ class EngineClient(ModelFront):
             self._count(pending, -1)
         return pending
 
-    def _deliver(self, outputs: tuple[EngineOutput, ...]) -> None:
+    def _deliver(self, outputs: tuple[EngineOutput, ...], read_at: float) -> None:
+        self._hops["loop"].record(time.monotonic() - read_at)
         for out in outputs:
             rid = out.request_id
             pending = self._pending.get(rid)
@@ -301,8 +309,12 @@ class EngineClient(ModelFront):
         if handle is not self._handle:
             return  # a replaced core's last words
         if isinstance(msg, CoreOutputs):
+            read_at = time.monotonic()
             self._heard = (msg.failure, msg.restarting)
-            self._on_loop(self._deliver, msg.outputs)
+            if msg.sent_at:
+                self._hops["outbox"].record(msg.sent_at - msg.made_at)
+                self._hops["channel"].record(read_at - msg.sent_at)
+            self._on_loop(self._deliver, msg.outputs, read_at)
         elif isinstance(msg, CoreSnapshot):
             self._snapshot = msg
             self._heard = (msg.failure, msg.restarting)

@@ -3,7 +3,8 @@ snapshots, sent in order by one thread, each wake-up's worth as one item on the 
 
 The dispatcher thread makes outputs one at a time; what piles up while the sender pickles the last
 batch goes together, so a busy core pays one channel hop for many outputs. A snapshot of the engine's
-figures goes every SNAPSHOT_S, and with each batch of outputs the engine's failure and restart state.
+figures goes every SNAPSHOT_S, and with each batch of outputs the engine's failure and restart state
+and when the batch's oldest output came and when it was sent (the `outbox` hop of types.HOPS).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class CoreOutbox:
     def output(self, out: EngineOutput) -> None:
         """A request's output (a sink of `Engine.submit`)."""
         with self._cond:
-            self._items.append(_Output(out))
+            self._items.append(_Output(out, time.monotonic()))
             self._cond.notify()
 
     def send(self, msg: Any) -> None:
@@ -91,10 +92,10 @@ class CoreOutbox:
     def _batch(self, items: list[Any]) -> list[Any]:
         """`items` in order, each run of outputs as one CoreOutputs."""
         msgs: list[Any] = []
-        run: list[EngineOutput] = []
+        run: list[_Output] = []
         for item in items:
             if isinstance(item, _Output):
-                run.append(item.out)
+                run.append(item)
                 continue
             if run:
                 msgs.append(self._outputs(run))
@@ -104,15 +105,17 @@ class CoreOutbox:
             msgs.append(self._outputs(run))
         return msgs
 
-    def _outputs(self, run: list[EngineOutput]) -> CoreOutputs:
+    def _outputs(self, run: list[_Output]) -> CoreOutputs:
         failure, restarting = self._health()
-        return CoreOutputs(tuple(run), failure, restarting)
+        outputs = tuple(o.out for o in run)
+        return CoreOutputs(outputs, failure, restarting, made_at=run[0].at, sent_at=time.monotonic())
 
 
 class _Output:
-    """An output in the queue (other messages are queued as they are)."""
+    """An output in the queue, and when it came (other messages are queued as they are)."""
 
-    __slots__ = ("out",)
+    __slots__ = ("at", "out")
 
-    def __init__(self, out: EngineOutput) -> None:
+    def __init__(self, out: EngineOutput, at: float) -> None:
         self.out = out
+        self.at = at

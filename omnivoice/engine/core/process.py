@@ -15,6 +15,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from omnivoice.messages import (
     NewRequest,
     StartStep,
 )
-from omnivoice.types import EngineOverloaded, EngineUnavailable
+from omnivoice.types import EngineOverloaded, EngineUnavailable, HopHistogram
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine
@@ -99,7 +100,8 @@ def _serve(profile: Profile, source: Path | DummySource, inbox: Any, channel: An
         return 1
     state.append(engine)
     freeze_built_objects("engine core")
-    outbox.snapshots(lambda: _snapshot(engine))
+    requests = HopHistogram("request")  # the client's requests' way here (types.HOPS)
+    outbox.snapshots(lambda: _snapshot(engine, requests))
     outbox.send(CoreReady(os.getpid()))
     log.info("engine core ready (pid %d)", os.getpid())
     try:
@@ -109,6 +111,8 @@ def _serve(profile: Profile, source: Path | DummySource, inbox: Any, channel: An
                 continue
             if isinstance(msg, CloseCore):
                 break
+            if isinstance(msg, NewRequest) and msg.sent_at:
+                requests.record(time.monotonic() - msg.sent_at)
             _carry_out(engine, outbox, msg)
     finally:
         asyncio.run(engine.close())
@@ -143,5 +147,7 @@ def _carry_out(engine: Engine, outbox: CoreOutbox, msg: Any) -> None:
         log.error("engine core: unexpected message %s", type(msg).__name__)
 
 
-def _snapshot(engine: Engine) -> CoreSnapshot:
-    return CoreSnapshot(engine.stats(), engine.replica_stats(), engine.failure, engine.restarting)
+def _snapshot(engine: Engine, requests: HopHistogram) -> CoreSnapshot:
+    return CoreSnapshot(
+        engine.stats(), engine.replica_stats(), engine.failure, engine.restarting, requests.copy()
+    )

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 
 async def chat_completions(request: Request) -> Response | EventStreamResponse:
+    arrived = time.perf_counter()
     state = request.app.state
     rid = request.state.request_id
     try:
@@ -79,7 +80,8 @@ async def chat_completions(request: Request) -> Response | EventStreamResponse:
             "request %s: %s stream=%s modalities=%s prompt_tokens=%d",
             rid, turn.id, req.stream, modalities, len(gen.prompt.input_ids),
         )  # fmt: skip
-        timer = state.metrics.start_request()
+        state.metrics.prepare.observe(time.perf_counter() - arrived)
+        timer = state.metrics.start_request(arrived)
         if req.stream:
             handed_off = True  # the response releases the slot when it ends, however it ends
             events = stream(engine, gen, turn, timer, rid)
