@@ -121,8 +121,13 @@ async def _prepare(
         request, s.max_body_bytes, JsonBounds(s.max_json_elements, s.max_json_depth)
     )
     # Validating, decoding audio and tokenizing are CPU work, in proportion to what the client sent:
-    # all of it runs off the event loop, so one large request never stalls the others.
-    req, prompt, voice = await asyncio.to_thread(_request_and_prompt, body, engine, profile)
+    # it runs off the event loop, so one large request never stalls the others. A short text-only
+    # request costs less than the hop to a worker thread and back (which, with many arriving at once,
+    # waits on the GIL for each): it is prepared here.
+    if light_request(body):
+        req, prompt, voice = _request_and_prompt(body, engine, profile)
+    else:
+        req, prompt, voice = await asyncio.to_thread(_request_and_prompt, body, engine, profile)
     info = engine.info
     want = req.output_modalities
     turn = Turn(
@@ -144,6 +149,40 @@ async def _prepare(
         tools=req.offered_tools,
     )
     return req, gen, turn
+
+
+# a request prepared on the event loop holds at most this much text and so many messages (a millisecond)
+INLINE_TEXT_CHARS = 4096
+INLINE_MESSAGES = 32
+
+
+def light_request(body: dict[str, Any]) -> bool:
+    """Whether `body` is cheap to prepare: at most INLINE_MESSAGES messages, only text,
+    INLINE_TEXT_CHARS in all at most, no calls in its history, and no tools or response format (whose
+    schemas are compiled). A body whose messages are not a list is light: its validation refuses it
+    at once."""
+    if body.get("tools") or body.get("functions"):
+        return False
+    if body.get("response_format") not in (None, {"type": "text"}):
+        return False
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return True
+    if len(messages) > INLINE_MESSAGES:
+        return False
+    chars = 0
+    for message in messages:
+        if not isinstance(message, dict) or message.get("tool_calls"):
+            return False  # calls' arguments are text too; or a message its validation refuses
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else content if isinstance(content, list) else []
+        for part in parts:
+            if isinstance(part, dict) and part.get("type") == "text":
+                part = part.get("text")
+            if not isinstance(part, str):
+                return False  # audio, an image, or a part to be refused with its own message
+            chars += len(part)
+    return chars <= INLINE_TEXT_CHARS
 
 
 def _request_and_prompt(
