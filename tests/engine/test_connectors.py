@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from omnivoice.engine.connectors import LocalConnector, ShmConnector
+from omnivoice.engine.connectors.pipe import PipeConnector
 from omnivoice.messages import CodecChunk, ThinkerChunk
 
 
@@ -113,3 +114,45 @@ def test_local_connector_put_many_keeps_order() -> None:
     c.put_many([1, 2])
     c.put(3)
     assert c.drain() == [1, 2, 3]
+
+
+def _send_frames(channel: PipeConnector, frames: int, size: int) -> None:
+    """A writing process: `frames` frames of three messages, the middle one `size` float32s."""
+    for i in range(frames):
+        pcm = np.full(size, i, dtype=np.float32)
+        channel.put_many([f"start {i}", CodecChunk(f"r{i}", pcm.reshape(1, -1), False), f"end {i}"])
+    channel.put("last")
+
+
+@pytest.mark.parametrize("size", [4, 300_000])  # a frame far larger than a pipe's default buffer
+def test_pipe_connector_carries_frames_in_order_and_sees_its_writer_end(size: int) -> None:
+    ctx = mp.get_context("spawn")
+    channel = PipeConnector(ctx)
+    writer = ctx.Process(target=_send_frames, args=(channel, 3, size))
+    writer.start()
+    channel.close_writing_end()
+    try:
+        got = [channel.get(timeout=20) for _ in range(10)]
+        for i in range(3):
+            start, chunk, end = got[3 * i : 3 * i + 3]
+            assert (start, end) == (f"start {i}", f"end {i}")
+            assert isinstance(chunk, CodecChunk) and chunk.request_id == f"r{i}"
+            np.testing.assert_array_equal(chunk.frames, np.full((1, size), i, dtype=np.float32))
+        assert got[9] == "last"
+        writer.join(20)
+        t0 = time.monotonic()
+        assert channel.get(timeout=0.2) is None  # the writer is gone: the pipe has ended
+        assert channel.get(timeout=0.2) is None and time.monotonic() - t0 >= 0.3  # waits, no spinning
+    finally:
+        writer.join(20)
+        channel.close()
+
+
+def test_pipe_drain_hands_out_the_rest_of_a_frame_and_every_frame_after_it() -> None:
+    channel = PipeConnector(mp.get_context("spawn"))
+    channel.put_many([1, 2, 3])
+    channel.put_many([4])
+    assert channel.get(timeout=1) == 1
+    assert channel.drain() == [2, 3, 4]
+    assert channel.get(timeout=0) is None
+    channel.close()

@@ -1,4 +1,5 @@
-"""Connectors carry stage messages between workers: in-process queues or shared memory."""
+"""Connectors carry stage messages between workers: in-process queues or shared memory; and the
+engine core's outputs to the server over a pipe (pipe.py)."""
 
 from omnivoice.engine.connectors.base import Connector
 from omnivoice.engine.connectors.local import LocalConnector

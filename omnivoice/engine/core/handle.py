@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
+from omnivoice.engine.connectors.pipe import PipeConnector
 from omnivoice.engine.connectors.shm import ShmConnector
 from omnivoice.engine.core.entry import core_process_main
 from omnivoice.messages import CloseCore
@@ -43,7 +44,7 @@ class CoreHandle:
         ctx = mp.get_context("spawn")
         self.generation = generation
         self.inbox = ShmConnector(ctx)  # client -> core
-        self.channel = ShmConnector(ctx)  # core -> client
+        self.channel = PipeConnector(ctx)  # core -> client
         self.process = ctx.Process(
             target=core_process_main,
             args=(profile, source, self.inbox, self.channel, os.getpid()),
@@ -59,6 +60,7 @@ class CoreHandle:
 
     def start(self) -> None:
         self.process.start()
+        self.channel.close_writing_end()
         log.info("engine core %d started (pid %s)", self.generation, self.process.pid)
         self._reader.start()
 
@@ -86,6 +88,7 @@ class CoreHandle:
         if threading.current_thread() is not self._reader:
             self._reader.join(10.0)
         self.inbox.close()
+        self.channel.close()
 
     def _read(self) -> None:
         while True:
