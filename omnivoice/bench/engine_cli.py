@@ -15,12 +15,14 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from omnivoice.bench.metrics import RequestRecord, rtf, summarize
 from omnivoice.bench.report import build_report, describe_machine, format_table, write_json
+from omnivoice.types import StageStats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +117,35 @@ def _progress(quiet: bool, records: Path | None):
     return show
 
 
+GRAPHS_WAIT_S = 600.0  # longest wait for the graphs the stages capture after the start
+
+
+def wait_for_graphs(
+    replica_stats: Callable[[], tuple[StageStats, ...]], limit_s: float = GRAPHS_WAIT_S
+) -> float | None:
+    """Wait until no stage worker has CUDA graphs left to capture after the start (it captures them
+    while idle, so a run meanwhile would time the captures too); the seconds waited, or None when none
+    was pending. Past `limit_s` it says so and returns."""
+    t0 = time.monotonic()
+    said = -1
+    while True:
+        pending = sum(w.graphs_pending for w in replica_stats())
+        waited = time.monotonic() - t0
+        if not pending:
+            return waited if said >= 0 else None
+        if waited > limit_s:
+            print(f"{pending} graphs still pending after {limit_s:.0f} s; measuring anyway", file=sys.stderr)
+            return waited
+        if pending != said:
+            print(
+                f"waiting for {pending} CUDA graphs the stages capture after the start",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = pending
+        time.sleep(0.2)
+
+
 def _newline_id(source: Any) -> int:
     from omnivoice.models.dummy import DummySource
     from omnivoice.models.token_prompt import newline_id
@@ -192,6 +223,13 @@ def run(args: argparse.Namespace) -> int:
         gb = torch.cuda.memory_allocated() / 1e9
         print(f"GPU memory allocated after the engine start: {gb:.1f} GB", file=sys.stderr, flush=True)
     print(f"engine ready in {start_s:.1f} s", file=sys.stderr, flush=True)
+    waited = wait_for_graphs(engine.replica_stats)
+    if waited is not None:
+        print(
+            f"the stages' graphs for after the start are captured ({waited:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     async def drive() -> list[Any]:
         results = []

@@ -118,3 +118,25 @@ def test_engine_bench_imports_without_the_server_stack() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_bench_waits_for_the_graphs_the_stages_capture_after_the_start() -> None:
+    from omnivoice.bench.engine_cli import wait_for_graphs
+    from omnivoice.types import StageStats
+
+    reports = iter([3, 3, 1, 0])  # graphs pending, as the stage reports them each time it is asked
+    asked: list[int] = []
+
+    def replica_stats() -> tuple[StageStats, ...]:
+        pending = next(reports)
+        asked.append(pending)
+        return (StageStats("code2wav", 0, 0, 0, 0, graphs_pending=pending),)
+
+    waited = wait_for_graphs(replica_stats)
+    assert asked == [3, 3, 1, 0] and waited is not None and waited >= 0
+    none_pending = (StageStats("talker", 0, 0, 0, 0),)
+    assert wait_for_graphs(lambda: none_pending) is None  # nothing to wait for: no delay, no message
+    assert (
+        wait_for_graphs(lambda: (StageStats("talker", 0, 0, 0, 0, graphs_pending=2),), limit_s=0.0)
+        is not None
+    )
