@@ -138,6 +138,7 @@ def test_pipe_connector_carries_frames_in_order_and_sees_its_writer_end(size: in
             assert (start, end) == (f"start {i}", f"end {i}")
             assert isinstance(chunk, CodecChunk) and chunk.request_id == f"r{i}"
             np.testing.assert_array_equal(chunk.frames, np.full((1, size), i, dtype=np.float32))
+            assert chunk.frames.flags.writeable  # as a stage's own arrays are
         assert got[9] == "last"
         writer.join(20)
         t0 = time.monotonic()
