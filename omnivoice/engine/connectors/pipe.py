@@ -6,7 +6,7 @@ and large arrays go through a shared-memory segment each; every one of those ste
 must take its process's GIL back after a system call, and under load each such wait can last a
 switch interval. Here `put_many` pickles the messages with their arrays in the stream (protocol 5,
 one copy) and writes them as one frame, at once, from the calling thread; the reader takes a frame
-with one poll and one read. The pipe's buffer is enlarged (PIPE_BYTES, where the system allows) so
+with one poll and the reads of its length and its bytes. The pipe's buffer is enlarged (PIPE_BYTES, where the system allows) so
 that a frame of audio outputs is written whole while the reader is busy; a writer whose reader stops
 reading for longer blocks once the buffer is full, as backpressure.
 """
