@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,16 @@ def summarize(records: list[TurnRecord], duration_s: float) -> dict[str, Any]:
         "turns_with_stall_over_100ms": sum(s > 0.1 for s in stalls),
         "audio_seconds": sum(s for r in ok for _, s in r.chunks),
         "statuses": {s: sum(r.status == s for r in ok) for s in sorted({r.status or "-" for r in ok})},
+        # why each turn that is not ok is not: its error, or the response that ended without audio
+        "failures": dict(Counter(failure(r) for r in records if not r.ok).most_common()),
     }
+
+
+def failure(r: TurnRecord) -> str:
+    """Why a turn has no figures: the error it got, or how its response ended without any audio."""
+    if r.error is not None:
+        return r.error
+    return f"no audio: the response ended {r.status}" if r.status else "no audio: no response ended"
 
 
 SPECULATION_KEYS = ("started", "confirmed", "dropped", "wasted_tokens", "wasted_audio_seconds")
@@ -185,6 +195,7 @@ def _run_table(s: dict[str, Any], speculation: dict[str, float] | None) -> str:
 
     lines = [
         f"{'turns ok / errors':<28} {s['turns']} / {s['errors']}",
+        *(f"  {n} x {why[:90]}" for why, n in list(s.get("failures", {}).items())[:3]),
         "latency ms                   mean / p50 / p95",
         row("voice-to-voice", s["voice_to_voice_ms"]),
         row("  turn detection (VAD)", s["turn_detection_ms"]),

@@ -1,14 +1,14 @@
-"""A one-way connector from one process to another over a pipe of its own, written by the sending
-thread itself: what the engine core sends the engine client (engine/core/outbox.py).
+"""A one-way connector from one process to another over a pipe of its own, written by the sending thread
+itself: what the engine core sends the engine client (engine/core/outbox.py).
 
-A multiprocessing queue hands each item to a feeder thread, which pickles it again and writes it,
-and large arrays go through a shared-memory segment each; every one of those steps is a thread that
-must take its process's GIL back after a system call, and under load each such wait can last a
-switch interval. Here `put_many` pickles the messages with their arrays in the stream (protocol 5,
-one copy) and writes them as one frame, at once, from the calling thread; the reader takes a frame
-with one poll and the reads of its length and its bytes. The pipe's buffer is enlarged (PIPE_BYTES, where the system allows) so
-that a frame of audio outputs is written whole while the reader is busy; a writer whose reader stops
-reading for longer blocks once the buffer is full, as backpressure.
+A multiprocessing queue hands each item to a feeder thread, which pickles it again and writes it, and
+large arrays go through a shared-memory segment each; every one of those steps is a thread that must
+take its process's GIL back after a system call, and under load each such wait can last a switch
+interval. Here `put_many` pickles the messages with their arrays in the stream (protocol 5, one copy)
+and writes them as one frame, at once, from the calling thread; the reader takes a frame with one poll
+and the reads of its length and its bytes. The pipe's buffer is enlarged (PIPE_BYTES, where the system
+allows) so that a frame of audio outputs is written whole while the reader is busy; a writer whose
+reader stops reading for longer blocks once the buffer is full, as backpressure.
 """
 
 from __future__ import annotations

@@ -76,3 +76,26 @@ def test_bad_client_processes_is_refused(capsys: pytest.CaptureFixture[str]) -> 
     add_arguments(parser)
     assert run(parser.parse_args(["--client-processes", "-1", "--speech-text", "Hi."])) == 2
     assert "--client-processes" in capsys.readouterr().err
+
+
+def test_turns_without_figures_say_why_in_the_summary() -> None:
+    from omnivoice.bench.realtime_cli import summarize
+    from omnivoice.bench.realtime_load import TurnRecord
+
+    answered = TurnRecord(0, 0, speech_end=1.0, stopped=1.3, first_audio=1.4, status="completed")
+    answered.chunks.append((1.4, 1.0))
+    records = [
+        answered,
+        TurnRecord(1, 0, speech_end=1.0, stopped=1.3, status="cancelled"),  # ended without audio
+        TurnRecord(2, 0, speech_end=1.0, stopped=1.3, status="cancelled"),
+        TurnRecord(3, 0, error="timeout"),
+        TurnRecord(4, 0, speech_end=1.0),  # no response ever ended
+    ]
+    s = summarize(records, 10.0)
+    assert s["turns"] == 1 and s["errors"] == 4
+    assert s["failures"] == {
+        "no audio: the response ended cancelled": 2,
+        "timeout": 1,
+        "no audio: no response ended": 1,
+    }
+    assert next(iter(s["failures"])) == "no audio: the response ended cancelled"  # the commonest first
