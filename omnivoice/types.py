@@ -337,9 +337,9 @@ class StageStats:
 # `request`, from the client's `generate` until the core's main thread takes the request; `outbox`, from the
 # core's dispatcher handing an output over until the core's outbox thread puts its batch on the channel (the
 # oldest output of each batch); `channel`, from a batch being put on the channel (pickling it, the pipe)
-# until the client's reader thread has it unpickled; `loop`, from the reader thread until the event loop
-# hands the batch to its requests. Times are `time.monotonic()`, which both processes read alike on one
-# host.
+# until the server has read and unpickled it; `loop`, from being read until the event loop hands the batch
+# to its requests (a reader thread's hand-over; nothing once the loop reads the core itself). Times are
+# `time.monotonic()`, which both processes read alike on one host.
 HOPS = ("request", "outbox", "channel", "loop")
 HOP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # seconds
 

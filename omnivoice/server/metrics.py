@@ -121,8 +121,8 @@ def _hop_metrics(hops: tuple[HopHistogram, ...]) -> HistogramMetricFamily:
     family = HistogramMetricFamily(
         "omnivoice_core_hop_seconds",
         "Time of a message between the engine client and its core process, by hop: request (client to "
-        "the core's main thread), outbox (dispatcher to the channel), channel (to the client's reader "
-        "thread), loop (reader thread to the event loop)",
+        "the core's main thread), outbox (dispatcher to the channel), channel (until read in the "
+        "server), loop (from being read to the requests: a reader thread's hand-over to the event loop)",
         labels=["hop"],
     )
     for h in hops:

@@ -12,6 +12,7 @@ import base64
 import os
 import signal
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +67,7 @@ def test_the_core_runs_apart_and_a_fresh_server_knows_its_capacity(server: Serve
     for worker in engine.replica_stats():  # each stage timed steps of several sizes in the core
         assert len({b for b, _, n in worker.step_times if n >= 3}) >= 2, (worker.name, worker.step_times)
     assert m["omnivoice_event_loop_lag_seconds_count"][()] > 0
+    wait_until(read_on_the_loop, 10, "the reader thread's hand-over to the event loop")
 
 
 def test_chat_through_the_core_process(server: ServerThread) -> None:
@@ -150,3 +152,9 @@ async def test_a_killed_core_fails_the_response_keeps_the_session_and_the_next_t
         await rec.close()
     check_failed_then_answered(cut, done, audio)
     assert engine.core_pid not in (None, before)
+    assert read_on_the_loop(), "the fresh core is read by a thread, not the event loop"
+
+
+def read_on_the_loop() -> bool:
+    """Whether no reader thread reads a core: the event loop reads the core's pipe itself."""
+    return not any(t.name.startswith("core-reader-") for t in threading.enumerate())

@@ -1,27 +1,36 @@
 """A one-way connector from one process to another over a pipe of its own, written by the sending thread
-itself: what the engine core sends the engine client (engine/core/outbox.py).
+itself and read without blocking: what the engine core sends the engine client (engine/core/outbox.py).
 
 A multiprocessing queue hands each item to a feeder thread, which pickles it again and writes it, and
 large arrays go through a shared-memory segment each; every one of those steps is a thread that must
 take its process's GIL back after a system call, and under load each such wait can last a switch
 interval. Here `put_many` pickles the messages with their arrays in the stream (protocol 5, one copy)
-and writes them as one frame, at once, from the calling thread; the reader takes a frame with one poll
-and the reads of its length and its bytes. The pipe's buffer is enlarged (PIPE_BYTES, where the system
-allows) so that a frame of audio outputs is written whole while the reader is busy; a writer whose
-reader stops reading for longer blocks once the buffer is full, as backpressure.
+and writes them as one frame (its length, then its bytes), at once, from the calling thread. The
+reading end is non-blocking: `read_available` takes whatever has arrived and hands out the messages of
+every whole frame, so an event loop can read the pipe itself when it is readable (`fileno`), with no
+thread between, and never waits on a writer that stopped mid-frame; `get` waits for a thread that
+reads instead. The pipe's buffer is enlarged (PIPE_BYTES, where the system allows) so that a frame of
+audio outputs is written whole while the reader is busy; a writer whose reader stops reading for
+longer blocks once the buffer is full, as backpressure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import pickle
+import select
+import struct
 import threading
 import time
+from collections import deque
 from typing import Any
 
 PIPE_BYTES = 1 << 20
+READ_BYTES = 1 << 20  # taken from the pipe per read
 _SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; elsewhere the call fails and is skipped
+_LENGTH = struct.Struct("<Q")  # a frame's length, in front of its bytes
 
 
 class PipeConnector:
@@ -32,18 +41,21 @@ class PipeConnector:
         self._reader, self._writer = ctx.Pipe(duplex=False)
         with contextlib.suppress(OSError):  # the system's limit (or no such call): its default size
             fcntl.fcntl(self._reader.fileno(), _SETPIPE_SZ, pipe_bytes)
+        os.set_blocking(self._reader.fileno(), False)
         self._lock = threading.Lock()  # the writers' (threads of the writing process)
-        self._pending: list[Any] = []  # the reader's: the rest of the frame read last, reversed
-        self._ended = False  # the reader saw the writing end close
+        self._buffer = bytearray()  # the reader's: bytes of a frame not yet whole
+        self._pending: deque[Any] = deque()  # the reader's: messages read, not yet handed out
+        self.ended = False  # the reader saw the writing end close
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]  # each process has its own
-        return state
+        """What the writing process gets: the writing end (the reading end stays here)."""
+        return {"_writer": self._writer}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._reader = None
         self._lock = threading.Lock()
+        self._buffer, self._pending, self.ended = bytearray(), deque(), False
 
     def put(self, msg: Any) -> None:
         self.put_many([msg])
@@ -52,38 +64,62 @@ class PipeConnector:
         """Write `msgs` as one frame; blocks only while the pipe's buffer is full."""
         if msgs:
             data = pickle.dumps(msgs, protocol=5)
+            fd = self._writer.fileno()
             with self._lock:
-                self._writer.send_bytes(data)
+                _write_all(fd, _LENGTH.pack(len(data)))
+                _write_all(fd, data)
+
+    def fileno(self) -> int:
+        """The reading end, for an event loop to watch (`loop.add_reader`)."""
+        assert self._reader is not None, "the writing process has no reading end"
+        return int(self._reader.fileno())
+
+    def read_available(self) -> list[Any]:
+        """Every message not handed out yet of the frames that have arrived whole, without waiting;
+        sets `ended` once the writing end has closed."""
+        fd = self.fileno()
+        while not self.ended:
+            try:
+                chunk = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.ended = True
+            self._buffer += chunk
+            if len(chunk) < READ_BYTES:
+                break  # the pipe is empty for now
+        buf, start = self._buffer, 0
+        while len(buf) - start >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buf, start)
+            end = start + _LENGTH.size + size
+            if len(buf) < end:
+                break
+            self._pending.extend(pickle.loads(buf[start + _LENGTH.size : end]))
+            start = end
+        del buf[:start]
+        out = list(self._pending)
+        self._pending.clear()
+        return out
 
     def get(self, timeout: float | None) -> Any | None:
-        """The next message (the frames are read one at a time; a frame's messages come in order)."""
-        if not self._pending:
-            self._pending = self._take(timeout)[::-1]
-        return self._pending.pop() if self._pending else None
+        """The next message, waiting up to `timeout` for one (a thread's way to read); None if none
+        came, or the writing end has closed (then after `timeout`: the caller polls the process)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.ended:
+                if left:
+                    time.sleep(left)
+                return None
+            readable, _, _ = select.select([self.fileno()], [], [], left)
+            if readable:
+                self._pending.extend(self.read_available())
+            elif left is not None:
+                return None  # nothing came in time (or only part of a frame)
+        return self._pending.popleft()
 
     def drain(self) -> list[Any]:
-        out = self._pending[::-1]
-        self._pending = []
-        while True:
-            frame = self._take(0)
-            if not frame:
-                return out
-            out.extend(frame)
-
-    def _take(self, timeout: float | None) -> list[Any]:
-        """One frame's messages, waiting up to `timeout` for it; [] if none came or the writer is gone
-        (then after `timeout`, as if nothing came: the caller polls the writing process)."""
-        if not self._ended:
-            try:
-                if not self._reader.poll(timeout):
-                    return []
-                msgs: list[Any] = pickle.loads(self._reader.recv_bytes())
-                return msgs
-            except EOFError:
-                self._ended = True
-        if timeout:
-            time.sleep(timeout)
-        return []
+        return self.read_available()
 
     def close_writing_end(self) -> None:
         """In the reading process, once the writer has its own copy: the reader then sees the pipe end
@@ -95,5 +131,12 @@ class PipeConnector:
 
     def close(self) -> None:
         for end in (self._reader, self._writer):
-            with contextlib.suppress(OSError):
-                end.close()
+            if end is not None:
+                with contextlib.suppress(OSError):
+                    end.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

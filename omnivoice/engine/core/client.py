@@ -4,16 +4,17 @@
 What needs only the served model stays here, in the server's process: prompts, log-mel features,
 grammar checks, the limits told to clients (engine/model_front.py). Requests, aborts, the encoder's
 windows and forgotten conversations go to the core over one channel (engine/core/handle.py); its
-outputs come back on another, and a reader thread hands each batch of them to the event loop in one
-call. The core also pushes snapshots of its figures (stats, capacity, failure) several times a
-second, so nothing on the event loop waits on the core: not `/health`, `/metrics` or admission.
+outputs come back on a pipe that the event loop reads itself, once the core has started (a reader
+thread reads it until then), each batch handed to its requests in one call. The core also pushes
+snapshots of its figures (stats, capacity, failure) several times a second, so nothing on the event
+loop waits on the core: not `/health`, `/metrics` or admission.
 
 A core that ends (a device fault in a stage thread, a crash, kill -9) or is stuck (silent for
-`stages.stuck_after_s`: killed) fails the requests in flight with the engine's error, and a fresh
-core starts in the background: the sessions stay connected, new requests are refused as restarting
-until the new core is ready, and then served. Restarts are rate-limited and held once the server
-drains (engine/restart_budget.py). A stage that dies inside a core is restarted by the core's own
-supervisor, as in the in-process engine.
+`stages.stuck_after_s`: killed) fails the requests in flight with the engine's error, and a fresh core
+starts in the background: the sessions stay connected, new requests are refused as restarting until the
+new core is ready, and then served. Restarts are rate-limited and held once the server drains
+(engine/restart_budget.py). A stage that dies inside a core is restarted by the core's own supervisor,
+as in the in-process engine.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class EngineClient(ModelFront):
         self._source = model.source
         self._progress = progress
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0  # the loop's thread
         self._pending: dict[str, _Pending] = {}
         self._load = [0, 0]  # requests in flight here, and those of them with audio
         stages = [profile.stages.stage(s) for s in STAGES]
@@ -124,8 +126,10 @@ class EngineClient(ModelFront):
             raise
         client = cls(profile, model, progress)
         client._loop = asyncio.get_running_loop()
+        client._loop_thread = threading.get_ident()
         client._generation, client._handle = 1, handle
         launch.relay.attach(client)
+        handle.attach(client._loop)  # from now on the loop reads the core's messages itself
         await asyncio.to_thread(handle.ready.wait)
         if handle.error is not None:
             await asyncio.to_thread(handle.stop, 10.0)
@@ -140,6 +144,8 @@ class EngineClient(ModelFront):
         self._heard = (None, False)
         self._handle = handle
         handle.start()
+        if self._loop is not None:
+            handle.attach(self._loop)
         return handle
 
     # -- what the server reads: the last snapshot, and this client's own view of the core
@@ -259,7 +265,7 @@ class EngineClient(ModelFront):
                 return
             raise EngineUnavailable(self.failure or RESTARTING) from e
 
-    # -- on the event loop: what the reader thread hands over
+    # -- on the event loop: what the core sent
 
     def _count(self, pending: _Pending, delta: int) -> None:
         self._load[0] += delta
@@ -297,13 +303,18 @@ class EngineClient(ModelFront):
                 pending.queue.put_nowait(end)
 
     def _on_loop(self, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` on the event loop: at once when called there (the loop reads the core),
+        else handed to it."""
         loop = self._loop
         if loop is None or loop.is_closed():
+            return
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
             return
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the server is gone)
             loop.call_soon_threadsafe(fn, *args)
 
-    # -- on a core's reader thread
+    # -- where the core is read: its reader thread until attached, then the event loop
 
     def _on_message(self, handle: CoreHandle, msg: Any) -> None:
         if handle is not self._handle:
