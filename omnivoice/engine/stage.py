@@ -260,14 +260,14 @@ class StageWorker:
         finally:
             took = time.perf_counter() - started
             self._busy_s += took
-            if clock is not None:
-                cpu1, runnable1 = clock.read()
-                self._step_time.cpu_s += cpu1 - cpu0
-                self._step_time.runnable_s += runnable1 - runnable0
+            cpu1, runnable1 = clock.read() if clock is not None else (0.0, 0.0)
+            self._step_time.cpu_s += cpu1 - cpu0
+            self._step_time.runnable_s += runnable1 - runnable0
         self._route(outs)
         if self._backlog.captured() != graphs:
             return  # it captured a graph left for later first: not a step time to learn from
-        self._report_slow("a step", took)
+        split = (cpu1 - cpu0, runnable1 - runnable0) if clock is not None else None
+        self._report_slow("a step", took, split)
         stats = self.runner.stats()
         if (
             self._timing and not stats.last_step_prefilled
@@ -285,13 +285,25 @@ class StageWorker:
                 raise DeviceFault(f"{self.runner.name}: {e}") from e
             log.exception("%s stage: capturing a CUDA graph left for later failed", self.runner.name)
 
-    def _report_slow(self, what: str, took: float) -> None:
+    def _report_slow(self, what: str, took: float, split: tuple[float, float] | None = None) -> None:
+        """Log `what` if it took far longer than a step usually does; `split` (a step's time on a CPU
+        and runnable waiting for one) says where the time went: the rest the thread was blocked (the
+        GIL, a lock, a device wait that sleeps), and a CUDA sync that spins is time on a CPU."""
         usual = self._usual_step_s
         if usual is None or took < SLOW_S or took < SLOW_FACTOR * usual:
             return
         st = self.runner.stats()
+        where = ""
+        if split is not None:
+            cpu, runnable = split
+            blocked = max(0.0, took - cpu - runnable)
+            where = (
+                f"; on a CPU {cpu * 1e3:.0f} ms, waiting for one {runnable * 1e3:.0f} ms, "
+                f"blocked {blocked * 1e3:.0f} ms{', with a prefill' if st.last_step_prefilled else ''}"
+            )
         log.info(
-            "%s stage: slow: %s took %.0f ms (a step usually %.0f ms); %d running, %d queued, last batch %d",
+            "%s stage: slow: %s took %.0f ms (a step usually %.0f ms); %d running, %d queued, "
+            "last batch %d%s",
             self.runner.name,
             what,
             took * 1e3,
@@ -299,6 +311,7 @@ class StageWorker:
             st.running,
             st.queued,
             st.last_batch_size,
+            where,
         )
 
     def _tombstone(self, rid: str) -> None:

@@ -4,6 +4,7 @@ the next stage goes when it finishes, fails or is aborted, and tombstones of abo
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -138,6 +139,10 @@ def test_a_step_far_slower_than_usual_is_logged(
     slow = [r.getMessage() for r in caplog.records if "slow" in r.getMessage()]
     assert len(slow) == 1, slow  # the one slow step; not the 2 ms ones, nor the first (no usual yet)
     assert slow[0].startswith("thinker stage: slow: a step took 2") and "0 running, 0 queued" in slow[0]
+    # the runner slept: blocked, not on a CPU (where the schedstat file exists, as on Linux)
+    blocked = re.search(r"on a CPU (\d+) ms, waiting for one (\d+) ms, blocked (\d+) ms", slow[0])
+    assert blocked is not None, slow[0]
+    assert int(blocked[3]) >= 150 and int(blocked[1]) < 100, slow[0]
 
 
 class PrefillingRunner(SteppingRunner):
