@@ -20,7 +20,6 @@ import contextlib
 import fcntl
 import os
 import pickle
-import select
 import struct
 import threading
 import time
@@ -111,8 +110,8 @@ class PipeConnector:
                 if left:
                     time.sleep(left)
                 return None
-            readable, _, _ = select.select([self.fileno()], [], [], left)
-            if readable:
+            assert self._reader is not None, "the writing process has no reading end"
+            if self._reader.poll(left):  # poll(2): no select() limit on the descriptor's number
                 self._pending.extend(self.read_available())
             elif left is not None:
                 return None  # nothing came in time (or only part of a frame)
