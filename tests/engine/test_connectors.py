@@ -1,5 +1,7 @@
 import multiprocessing as mp
 import os
+import pickle
+import struct
 import time
 
 import numpy as np
@@ -156,4 +158,20 @@ def test_pipe_drain_hands_out_the_rest_of_a_frame_and_every_frame_after_it() -> 
     assert channel.get(timeout=1) == 1
     assert channel.drain() == [2, 3, 4]
     assert channel.get(timeout=0) is None
+    channel.close()
+
+
+def test_pipe_reading_never_waits_on_a_frame_written_in_part() -> None:
+    """A writer stopped mid-frame (a core frozen or killed while writing) must not block its reader:
+    the event loop reads the pipe itself."""
+    channel = PipeConnector(mp.get_context("spawn"))
+    data = pickle.dumps(["whole"], protocol=5)
+    fd = channel._writer.fileno()
+    os.write(fd, struct.pack("<Q", len(data)) + data[: len(data) // 2])
+    t0 = time.monotonic()
+    assert channel.read_available() == []  # half a frame: nothing yet, and no wait for the rest
+    assert channel.get(timeout=0.1) is None
+    assert time.monotonic() - t0 < 5
+    os.write(fd, data[len(data) // 2 :])
+    assert channel.read_available() == ["whole"]
     channel.close()
