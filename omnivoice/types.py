@@ -344,6 +344,13 @@ HOPS = ("request", "outbox", "channel", "loop")
 HOP_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # seconds
 
 
+def count_into(counts: list[int], bounds: tuple[float, ...], value: float) -> None:
+    """Count `value` in cumulative histogram `counts` (one per upper bound in `bounds`)."""
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            counts[i] += 1
+
+
 @dataclass
 class HopHistogram:
     """One hop's times (see HOPS): `counts` cumulative per HOP_BUCKETS bound, how many, their sum."""
@@ -357,9 +364,7 @@ class HopHistogram:
         seconds = max(0.0, seconds)
         self.total += 1
         self.sum_s += seconds
-        for i, bound in enumerate(HOP_BUCKETS):
-            if seconds <= bound:
-                self.counts[i] += 1
+        count_into(self.counts, HOP_BUCKETS, seconds)
 
     def copy(self) -> HopHistogram:
         return HopHistogram(self.hop, list(self.counts), self.total, self.sum_s)

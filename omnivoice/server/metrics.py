@@ -40,9 +40,21 @@ def histogram_family(
     """A histogram kept as cumulative `counts` per upper bound in `bounds` (plus `total` and its
     `sum_s`), as Prometheus reads one."""
     family = HistogramMetricFamily(name, doc)
-    buckets = [(f"{bound:g}", float(n)) for bound, n in zip(bounds, counts, strict=True)]
-    family.add_metric([], [*buckets, ("+Inf", float(total))], sum_s)
+    add_histogram(family, [], bounds, counts, total, sum_s)
     return family
+
+
+def add_histogram(
+    family: HistogramMetricFamily,
+    labels: list[str],
+    bounds: tuple[float, ...],
+    counts: list[int],
+    total: int,
+    sum_s: float,
+) -> None:
+    """Add to `family` the series of `labels`: cumulative `counts` per bound, `total` and `sum_s`."""
+    buckets = [(f"{bound:g}", float(n)) for bound, n in zip(bounds, counts, strict=True)]
+    family.add_metric(labels, [*buckets, ("+Inf", float(total))], sum_s)
 
 
 class EngineStatsCollector(Collector):
@@ -126,8 +138,7 @@ def _hop_metrics(hops: tuple[HopHistogram, ...]) -> HistogramMetricFamily:
         labels=["hop"],
     )
     for h in hops:
-        buckets = [(f"{bound:g}", float(n)) for bound, n in zip(HOP_BUCKETS, h.counts, strict=True)]
-        family.add_metric([h.hop], [*buckets, ("+Inf", float(h.total))], h.sum_s)
+        add_histogram(family, [h.hop], HOP_BUCKETS, h.counts, h.total, h.sum_s)
     return family
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnivoice.audio.smart_turn import SmartTurn
+from omnivoice.types import count_into
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +51,7 @@ class JudgeStats:
     def record(self, latency_s: float) -> None:
         self.pauses += 1
         self.latency_sum_s += latency_s
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if latency_s <= bound:
-                self.latency_buckets[i] += 1
+        count_into(self.latency_buckets, LATENCY_BUCKETS, latency_s)
 
 
 Pending = tuple[np.ndarray, "asyncio.Future[float]", float]  # clip, its answer, when it was asked
