@@ -6,8 +6,10 @@ off the bucket counts as Prometheus' `histogram_quantile` does) and, per stage, 
 steps, the share of the run it was stepping, the host (CPU) time per step, the share of its step time
 it was runnable but without a CPU and blocked (mostly waiting for the GIL: engine/step_clock.py), the
 time it spent taking messages, and its GPU's utilisation at the end; plus the capacity the engine
-measured at the start and the end; and with a core process, each hop between it and the server
-(types.HOPS).
+measured at the start and the end; with a core process, each hop between it and the server
+(types.HOPS); and the realtime responses as the server sent them (their first text and audio, and
+how long a player would have waited: server/session/delivery.py), the part of the caller's figures
+that the server adds before the socket.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ CHAT = {
     "first_text": "omnivoice_time_to_first_token_seconds",
     "first_audio": "omnivoice_time_to_first_audio_seconds",
 }
+RESPONSE = "omnivoice_realtime_response_seconds"
+PHASES = ("first_text", "first_audio")
+UNDERRUN = "omnivoice_realtime_playback_underrun_seconds"
 STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
 
 
@@ -149,6 +154,12 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
         "server_process_cores": _rate(before, after, "process_cpu_seconds_total", seconds),
         # chat requests as the server saw them: from arrival to the engine, to the first text and audio
         "chat": {key: histogram_ms(before, after, name) for key, name in CHAT.items()},
+        # realtime responses as the server sent them: from the turn's end to the first text and audio
+        # delta queued, and the seconds a player would have waited (session/delivery.py)
+        "realtime": {
+            **{p: histogram_ms(before, after, RESPONSE, (("phase", p),)) for p in PHASES},
+            "underrun": histogram_ms(before, after, UNDERRUN),
+        },
     }
 
 
@@ -190,7 +201,6 @@ def format_lines(b: dict[str, Any]) -> list[str]:
         f"{'event loop lag ms':<28} mean {f(lag['mean_ms'], digits=1)}, p50 {f(lag['p50_ms'], digits=1)}, "
         f"p95 {f(lag['p95_ms'], digits=1)}, p99 {f(lag['p99_ms'], digits=1)}",
         f"{'capacity streams':<28} {f(cap['before'])} -> {f(cap['after'])}",
-        "stage        busy %  step ms  host ms  runnable %  blocked %  ingest %  gpu %",
     ]
     door = b.get("front_door") or {}
     if door.get("appends"):
@@ -209,6 +219,7 @@ def format_lines(b: dict[str, Any]) -> list[str]:
             f"p99 {f(intake['p99_ms'], digits=1)}",
         )
     timed = [(f"chat {k}, ms", h) for k, h in (b.get("chat") or {}).items()]
+    timed += [(f"server {k}, ms", h) for k, h in (b.get("realtime") or {}).items()]
     timed += [(f"core hop {k}, ms", h) for k, h in (b.get("core_hops") or {}).items()]
     for title, h in timed:
         if h.get("samples"):
@@ -216,6 +227,7 @@ def format_lines(b: dict[str, Any]) -> list[str]:
                 f"{title:<28} mean {f(h['mean_ms'], digits=2)}, p50 {f(h['p50_ms'], digits=2)}, "
                 f"p95 {f(h['p95_ms'], digits=2)}, p99 {f(h['p99_ms'], digits=2)}"
             )
+    lines.append("stage        busy %  step ms  host ms  runnable %  blocked %  ingest %  gpu %")
     for name, s in b["stages"].items():
         lines.append(
             f"{name:<12} {f(s['busy_share'], 100):>6} {f(s['step_ms'], digits=1):>8} "

@@ -31,6 +31,7 @@ from omnivoice.server.auth.redact import redact_logs
 from omnivoice.server.body_timeout import BodyTimeoutMiddleware
 from omnivoice.server.chat.endpoint import chat_completions
 from omnivoice.server.debug_state import debug_state, snapshot
+from omnivoice.server.delivery_metrics import DeliveryCollector
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
 from omnivoice.server.front_door_metrics import FrontDoorCollector, IntakeCollector
@@ -143,6 +144,7 @@ def create_app(
     app.state.metrics.registry.register(TurnModelCollector(realtime.judge.stats))
     app.state.metrics.registry.register(FrontDoorCollector(front_door))
     app.state.metrics.registry.register(IntakeCollector(realtime.intake))
+    app.state.metrics.registry.register(DeliveryCollector(realtime.delivery))
     return app
 
 

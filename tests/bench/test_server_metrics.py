@@ -96,3 +96,30 @@ def test_each_core_hop_is_its_own_histogram_over_the_run() -> None:
     assert request["samples"] == 20 and request["p95_ms"] == pytest.approx(0.95)  # all under 1 ms
     assert channel["samples"] == 40 and channel["p50_ms"] == pytest.approx(1.0)  # all 40 slower
     assert b["chat"]["prepare"]["samples"] == 0  # no chat request in the run
+
+
+def test_realtime_responses_as_the_server_sent_them_over_the_run() -> None:
+    def sent(first_audio: tuple[float, float], underrun: tuple[float, float]) -> Samples:
+        s = scrape([1, 1, 1], busy=1.0, cpu=0.5, steps=1)
+        name = "omnivoice_realtime_response_seconds"
+        fast, total = first_audio
+        s[f"{name}_bucket"] = {
+            (("le", "0.1"), ("phase", "first_audio")): fast,
+            (("le", "+Inf"), ("phase", "first_audio")): total,
+        }
+        s[f"{name}_count"] = {(("phase", "first_audio"),): total}
+        s[f"{name}_sum"] = {(("phase", "first_audio"),): 0.05 * total}
+        name = "omnivoice_realtime_playback_underrun_seconds"
+        none, total = underrun
+        s[f"{name}_bucket"] = {(("le", "0.01"),): none, (("le", "+Inf"),): total}
+        s[f"{name}_count"] = {(): total}
+        s[f"{name}_sum"] = {(): 0.5 * (total - none)}
+        return s
+
+    b = breakdown(sent((4, 4), (2, 4)), sent((14, 14), (7, 14)), seconds=10.0)
+    assert b is not None
+    rt = b["realtime"]
+    assert rt["first_audio"]["samples"] == 10 and rt["first_audio"]["mean_ms"] == pytest.approx(50)
+    assert rt["first_text"]["samples"] == 0  # none exported
+    assert rt["underrun"]["samples"] == 10 and rt["underrun"]["p50_ms"] == pytest.approx(10)
+    assert rt["underrun"]["mean_ms"] == pytest.approx(250)  # 5 of 10 waited 0.5 s

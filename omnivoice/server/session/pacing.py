@@ -12,6 +12,7 @@ class Pacer:
 
     def __init__(self, ahead_s: float) -> None:
         self.ahead_s = ahead_s
+        self.dry_s = 0.0  # seconds a player starting at the first audio would have waited, so far
         self._start: float | None = None
         self._queued_s = 0.0
 
@@ -23,6 +24,7 @@ class Pacer:
         lead = self._queued_s - (now - self._start)
         if lead < 0:  # the player ran dry (generation was slower): it restarts at this chunk
             self._start -= lead
+            self.dry_s -= lead
             lead = 0.0
         if lead > self.ahead_s:
             try:

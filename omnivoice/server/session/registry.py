@@ -28,6 +28,7 @@ from omnivoice.engine.api import EngineAPI
 from omnivoice.server.auth.limits import KeyLimits, RateLimited, SessionLease
 from omnivoice.server.errors import APIError
 from omnivoice.server.lifecycle import Admission, EngineLifecycle, Slot
+from omnivoice.server.session.delivery import DeliveryStats
 from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.intake import IntakeStats
 from omnivoice.server.session.outbox import Outbox
@@ -79,6 +80,7 @@ class Sessions:
         self.front_door = front_door if front_door is not None else FrontDoor(workers=0)
         self.speculation = SpeculationStats()
         self.intake = IntakeStats()  # how far behind their callers the sessions handle audio
+        self.delivery = DeliveryStats()  # how soon, and how steadily, the responses' audio left
         self.judge = TurnJudge(
             threads=self.config.turn_model_threads, runs=self.config.turn_model_runs
         )  # loaded once semantic_vad is used
@@ -169,6 +171,7 @@ class Ticket:
             judge=sessions.judge,
             front_door=sessions.front_door,
             intake=sessions.intake,
+            delivery=sessions.delivery,
         )
         self.session = session  # closed by `close` even if its settings are refused
         if settings:

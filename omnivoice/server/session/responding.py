@@ -14,6 +14,7 @@ from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import Conversation, Item
+from omnivoice.server.session.delivery import DeliveryStats
 from omnivoice.server.session.generation import ResponsePlan
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.response import Response
@@ -34,6 +35,7 @@ class Responder:
         conversation: Conversation,
         profile: Profile,
         admission: Admission,
+        delivery: DeliveryStats | None = None,
     ) -> None:
         self.session_id = session_id
         self.engine = engine
@@ -41,6 +43,7 @@ class Responder:
         self.conversation = conversation
         self.profile = profile
         self._admission = admission
+        self._delivery = delivery if delivery is not None else DeliveryStats()
         self.current: Response | None = None
         self.last: Response | None = None
         self._slot: Slot | None = None
@@ -68,6 +71,7 @@ class Responder:
             ahead_s=self.profile.realtime.max_audio_ahead_ms / 1000,
             on_done=self._done,
             early=speculation,
+            delivery=self._delivery,
         )
         if early is None and self.engine.failure:  # a stage died: the engine restarts (or is down)
             code = "engine_restarting" if self.engine.restarting else "engine_failed"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from omnivoice.audio.resample import StreamResampler
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.calls import ResponseCalls
 from omnivoice.server.session.conversation import Conversation, Item, new_id
+from omnivoice.server.session.delivery import DeliveryStats
 from omnivoice.server.session.generation import EarlyStart, ResponsePlan, start_generation
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.server.session.message import ResponseMessage
@@ -66,6 +68,7 @@ class Response:
         ahead_s: float,
         on_done: Callable[[Response], None],
         early: EarlyStart | None = None,
+        delivery: DeliveryStats | None = None,
     ) -> None:
         self.id = early.response_id if early is not None else new_id("resp")
         self.session_id = session_id
@@ -89,6 +92,9 @@ class Response:
         # session's bound method would make a reference cycle that only the cyclic GC frees
         self._on_done: Callable[[Response], None] | None = on_done
         self._early = early
+        self._delivery = delivery if delivery is not None else DeliveryStats()
+        self._began = time.monotonic()
+        self._said = self._sounded = False  # its first text / audio delta was queued
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -171,6 +177,9 @@ class Response:
             async for out in ahead:
                 if isinstance(out, TextDelta) and out.text:
                     self._message.say(out.text)
+                    if not self._said:
+                        self._said = True
+                        self._delivery.reached("first_text", time.monotonic() - self._began)
                 elif isinstance(out, ToolCallDelta):
                     self._calls.delta(out)
                 elif isinstance(out, ToolCallDone):
@@ -206,6 +215,9 @@ class Response:
             event = {"type": "response.output_audio.delta", **self._message.where(), "delta": delta}
             on_sent = lambda n=piece.size: _count_sent(ledger, n)  # noqa: E731
             self._outbox.put(event, on_sent, pcm=piece, rate=fmt.sample_rate)
+            if not self._sounded:
+                self._sounded = True
+                self._delivery.reached("first_audio", time.monotonic() - self._began)
 
     def _on_finished(self, out: Finished) -> None:
         if out.finish_reason == "stop":
@@ -236,6 +248,8 @@ class Response:
         return self._message.item
 
     def _finish(self) -> None:
+        if self._sounded:
+            self._delivery.delivered(self._pacer.dry_s)
         self._message.close(self.status == "completed")
         self._calls.close()
         self._emit("response.done")

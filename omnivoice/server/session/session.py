@@ -34,6 +34,7 @@ from omnivoice.server.lifecycle import Admission, Slot
 from omnivoice.server.session import items
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.conversation import INPUT_RATE, Conversation, Item
+from omnivoice.server.session.delivery import DeliveryStats
 from omnivoice.server.session.end_of_turn import TurnJudge
 from omnivoice.server.session.generation import ResponsePlan
 from omnivoice.server.session.input_audio import (
@@ -80,6 +81,7 @@ class Session:
         judge: TurnJudge | None = None,
         front_door: FrontDoor | None = None,
         intake: IntakeStats | None = None,
+        delivery: DeliveryStats | None = None,
     ) -> None:
         self.id = session_id
         self.engine = engine
@@ -109,7 +111,9 @@ class Session:
         self._out = StreamResampler(info.sample_rate, self.settings.output_format.sample_rate)
         tokens = min(profile.realtime.transcription_max_tokens, profile.stages.thinker.max_seq_len)
         self.transcriber = Transcriber(session_id, engine, outbox, tokens, self.conversation.featurizing)
-        self.responses = Responder(session_id, engine, outbox, self.conversation, profile, admission)
+        self.responses = Responder(
+            session_id, engine, outbox, self.conversation, profile, admission, delivery
+        )
         self._warm_task: asyncio.Task[None] | None = None
         stats = speculation if speculation is not None else SpeculationStats()
         self._speculator = Speculator(session_id, engine, admission, stats)  # the response started early

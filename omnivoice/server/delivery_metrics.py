@@ -1,0 +1,40 @@
+"""/metrics of how the server delivers the realtime responses' audio (session/delivery.py), read at
+scrape time: each response's time to its first text and audio delta, and its playback underrun."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from omnivoice.server.metrics import add_histogram, histogram_family
+from omnivoice.server.session.delivery import DELIVERY_BUCKETS, DeliveryStats
+
+
+class DeliveryCollector(Collector):
+    def __init__(self, stats: DeliveryStats) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats
+        phases = HistogramMetricFamily(
+            "omnivoice_realtime_response_seconds",
+            "A realtime response's start (its turn's end) to its first text or audio delta queued",
+            labels=["phase"],
+        )
+        for phase, h in s.phases.items():
+            add_histogram(phases, [phase], DELIVERY_BUCKETS, h.counts, h.total, h.sum_s)
+        yield phases
+        u = s.underrun
+        yield histogram_family(
+            "omnivoice_realtime_playback_underrun_seconds",
+            "Seconds a player of a realtime response's audio would have waited, as the server sent it",
+            DELIVERY_BUCKETS,
+            u.counts,
+            u.total,
+            u.sum_s,
+        )

@@ -1,0 +1,53 @@
+"""How the server delivers a response's audio, seen from the server (`DeliveryStats`, on /metrics).
+
+A caller's voice-to-voice time is measured at the caller, across the socket; these figures say what
+part of it the server adds before the socket, per response:
+
+- first text and first audio: from the response's start (the turn's end, with server VAD) to its
+  first text delta and first audio delta queued on the connection's outbox. A speculative start's
+  outputs made before the turn ended are there at once, so its times are short;
+- underrun: the seconds a player that starts at the response's first audio delta would have waited
+  with an empty buffer, as the server queued the deltas (the pacer's dry spells: the engine's audio
+  came later than real-time playback needed it). A caller who hears more stall than this lost it
+  after the outbox (the socket, the network, the client).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omnivoice.types import count_into
+
+# upper bounds (seconds) of the histograms' buckets
+DELIVERY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
+PHASES = ("first_text", "first_audio")
+
+
+@dataclass
+class Histogram:
+    """Cumulative `counts` per DELIVERY_BUCKETS bound, how many, their sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(DELIVERY_BUCKETS))
+    total: int = 0
+    sum_s: float = 0.0
+
+    def record(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.total += 1
+        self.sum_s += seconds
+        count_into(self.counts, DELIVERY_BUCKETS, seconds)
+
+
+@dataclass
+class DeliveryStats:
+    """The app's responses since it started: each PHASES' time (of the responses that reached it)
+    and each response's underrun (of the responses that sent audio)."""
+
+    phases: dict[str, Histogram] = field(default_factory=lambda: {p: Histogram() for p in PHASES})
+    underrun: Histogram = field(default_factory=Histogram)
+
+    def reached(self, phase: str, seconds: float) -> None:
+        self.phases[phase].record(seconds)
+
+    def delivered(self, underrun_s: float) -> None:
+        self.underrun.record(underrun_s)
