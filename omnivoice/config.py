@@ -337,6 +337,15 @@ class StagesConfig(_Strict):
         "interpreter, and a core that dies or is stuck fails its requests and is restarted while the "
         "sessions stay connected",
     )
+    mps: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="CUDA MPS for stage processes (worker: process) that share a GPU: their kernels run "
+        "on its SMs at once instead of taking turns in time slices. The engine starts an MPS control "
+        "daemon of its own for them (or uses one already running for the machine) and quits it when "
+        "the stages stop. auto: where stage processes share a CUDA device and nvidia-cuda-mps-control "
+        "is on PATH, else (or if it fails) a warning and time slices; on: no MPS is a start error; "
+        "off: never",
+    )
     stuck_after_s: float = Field(
         120.0,
         ge=0,

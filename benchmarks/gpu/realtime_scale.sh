@@ -34,9 +34,9 @@
 #                 (collapsed stacks) in record-s<N>.txt (py-spy from .whl/)
 #   BUDGET=520    seconds a call may spend; a bench that would not fit in what is left is not started
 #   PROFILE=configs/h200-dummy.yaml
-#   MPS=1         PHASE=start first starts a CUDA MPS control daemon of its own (pipe and log directories
-#                 under $STATE), so the stage processes' kernels share the GPU's SMs at once instead of
-#                 taking turns in time slices; PHASE=stop quits it. mps.txt: the daemon's server list
+#   MPS=          PHASE=start serves the profile with `stages.mps` set to this (auto, on, off: a copy
+#                 of the profile in $STATE); empty: the profile's own (the engine's MPS daemon for the
+#                 stage processes that share a GPU, engine/mps.py)
 # Example (the lead's device calls, one after another):
 #   PHASE=start bash benchmarks/gpu/realtime_scale.sh
 #   PHASE=rt SESSIONS="16 32" bash benchmarks/gpu/realtime_scale.sh
@@ -97,11 +97,10 @@ start)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     fi
     date +%s > "$STATE/t0"
-    if [ "${MPS:-0}" = 1 ]; then
-        export CUDA_MPS_PIPE_DIRECTORY=$STATE/mps-pipe CUDA_MPS_LOG_DIRECTORY=$STATE/mps-log
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start"; exit 1; }
-        echo "$CUDA_MPS_PIPE_DIRECTORY" > "$STATE/mps"
+    if [ -n "${MPS:-}" ]; then
+        python3 -c "import sys, yaml; p = yaml.safe_load(open(sys.argv[1])); p['stages']['mps'] = sys.argv[2]; yaml.safe_dump(p, open(sys.argv[3], 'w'))" \
+            "$PROFILE" "$MPS" "$STATE/profile.yaml" || exit 1
+        PROFILE=$STATE/profile.yaml
     fi
     setsid nohup python3 -m omnivoice serve --profile "$PROFILE" --port "$PORT" > "$STATE/r/serve.log" 2>&1 < /dev/null &
     echo $! > "$STATE/server.pid"
@@ -205,12 +204,7 @@ stop)
         for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     fi
     rm -f "$STATE/server.pid"
-    if [ -f "$STATE/mps" ]; then
-        export CUDA_MPS_PIPE_DIRECTORY=$(cat "$STATE/mps") CUDA_MPS_LOG_DIRECTORY=$STATE/mps-log
-        { echo get_server_list | nvidia-cuda-mps-control; cat "$CUDA_MPS_LOG_DIRECTORY"/*.log; } > "$STATE/r/mps.txt" 2>&1
-        echo quit | nvidia-cuda-mps-control; rm -f "$STATE/mps"
-    fi
-    grep -E "ERROR|Traceback|illegal|slow:" "$STATE/r/serve.log" | head -40
+    grep -E "ERROR|Traceback|illegal|slow:|CUDA MPS|MPS daemon" "$STATE/r/serve.log" | head -40
     pack
     ;;
 *)

@@ -6,7 +6,9 @@ stage is a process every connector is a shared-memory one; when any is on Ray, e
 Ray queue. Stage processes are spawned or forked from a forkserver (`stages.start_method`:
 omnivoice/engine/process_start.py); each one's start, until it first reports, is a step of the
 start ("start process"). They are listed in a run record (omnivoice/engine/leftovers.py) until they
-stop, so that a start after a crash of this server can take back what it left.
+stop, so that a start after a crash of this server can take back what it left. Stage processes that
+share a GPU run as clients of an MPS daemon the pipeline starts, and quits when it stops
+(`stages.mps`: omnivoice/engine/mps.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from omnivoice.engine.board import PriorityBoard, seats
 from omnivoice.engine.connectors import Connector, LocalConnector, ShmConnector
 from omnivoice.engine.gc_policy import freeze_built_objects, thaw_built_objects
 from omnivoice.engine.leftovers import ProcessId, RunRecord
+from omnivoice.engine.mps import MpsDaemon, MpsUnavailable, start_mps
 from omnivoice.engine.process_start import stage_context, uses_processes
 from omnivoice.engine.process_stats import shm_prefix, unlink_segments
 from omnivoice.engine.stage import StageCrashed, StageReady
@@ -61,6 +64,7 @@ class Pipeline:
     # stage processes not heard from yet: when each was started
     launched: dict[tuple[str, int], float] = field(default_factory=dict)
     came_up: list[str] = field(default_factory=list)  # "thinker#0 0.4 s" per stage process heard from
+    mps: MpsDaemon | None = None  # the MPS daemon of the stage processes that share a GPU
 
     @classmethod
     def start(
@@ -100,6 +104,13 @@ class Pipeline:
         n = len(workers)
         board = PriorityBoard.shared(ctx, n) if use_processes else PriorityBoard.local(n)
         seat = seats(board, [(w, cfg(w[0]).replica_device(w[1])) for w in workers])
+        if use_processes:  # before any stage process exists, so that all of them are its clients
+            try:
+                pipe.mps = start_mps(profile.stages)
+            except MpsUnavailable as e:
+                pipe.stop()
+                raise PipelineStartError(str(e)) from e
+        environ = {**os.environ, **(pipe.mps.env() if pipe.mps is not None else {})}
         in_thread = tuple(w for w in workers if cfg(w[0]).worker == "thread")
         if in_thread:
             pipe._start_threads(profile, model_path, in_thread, downstream, seat, progress)
@@ -113,7 +124,7 @@ class Pipeline:
             p = ctx.Process(
                 target=stage_process_main,
                 # the server's pid and environment: a forked process has neither from its parent
-                args=(*args, os.getpid(), seat[(s, r)], dict(os.environ)),
+                args=(*args, os.getpid(), seat[(s, r)], environ),
                 name=f"omnivoice-{s}-{r}",
                 daemon=True,
             )
@@ -221,6 +232,8 @@ class Pipeline:
         self._kill_strays()
         if self.record is not None:
             self.record.remove()
+        if self.mps is not None:
+            self.mps.stop()
         unlink_segments(shm_prefix())
 
     def dead_workers(self) -> list[str]:
@@ -301,6 +314,8 @@ class Pipeline:
         self._kill_strays()
         if self.record is not None:
             self.record.remove()
+        if self.mps is not None:  # its clients have all exited: a next start's daemon is a fresh one
+            self.mps.stop()
         if self.ray is not None:
             self.ray.stop(timeout)
         for c in [*(c for s in STAGES for c in self.inboxes[s]), self.engine_inbox]:

@@ -1,0 +1,158 @@
+"""CUDA MPS for stage processes that share a GPU (engine/mps.py), with a stand-in for
+nvidia-cuda-mps-control on PATH (this machine has no GPU and no MPS): which devices are shared, a
+daemon of the pipeline's own started in the run directory and quit at its stop, one already running
+used as it is, a daemon left by a pipeline that died quit at the next start, and what `auto` and `on`
+do when none can be started."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnivoice.config import StagesConfig, parse_profile
+from omnivoice.engine.mps import (
+    LOG_ENV,
+    PIPE_ENV,
+    MpsUnavailable,
+    mps_root,
+    shared_devices,
+    start_mps,
+)
+
+# the stand-in: `-d` makes the control socket (a plain file here) in the pipe directory, `quit` on
+# stdin removes it; each command is written to the journal. FAIL_MPS makes `-d` fail as a driver
+# without MPS support does.
+CONTROL = f"""#!{sys.executable}
+import os, pathlib, sys
+pipe = pathlib.Path(os.environ.get("{PIPE_ENV}", "/tmp/nvidia-mps"))
+journal = pathlib.Path(os.environ["MPS_JOURNAL"])
+if sys.argv[1:] == ["-d"]:
+    if os.environ.get("FAIL_MPS"):
+        print("An MPS control daemon cannot be started on this system")
+        sys.exit(1)
+    (pipe / "control").write_text("")
+    with journal.open("a") as j:
+        j.write(f"start {{pipe}} {{os.environ.get('{LOG_ENV}')}}\\n")
+else:
+    command = sys.stdin.read().strip()
+    (pipe / "control").unlink(missing_ok=True)
+    with journal.open("a") as j:
+        j.write(f"{{command}} {{pipe}}\\n")
+"""
+
+
+def stages(**overrides: object) -> StagesConfig:
+    cuda = {"device": "cuda:0", "worker": "process"}
+    body = {name: dict(cuda) for name in ("thinker", "talker", "code2wav")}
+    for key, value in overrides.items():
+        if key in body:
+            body[key] = {**body[key], **value}  # type: ignore[dict-item]
+        else:
+            body[key] = value  # type: ignore[assignment]
+    return parse_profile({"stages": body}).stages
+
+
+@pytest.fixture
+def mps_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The stand-in on PATH, a run directory of the test's own; the journal's path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    program = bin_dir / "nvidia-cuda-mps-control"
+    program.write_text(CONTROL)
+    program.chmod(program.stat().st_mode | stat.S_IXUSR)
+    journal = tmp_path / "journal"
+    journal.write_text("")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("MPS_JOURNAL", str(journal))
+    monkeypatch.setenv("OMNIVOICE_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.delenv(PIPE_ENV, raising=False)
+    monkeypatch.delenv(LOG_ENV, raising=False)
+    return journal
+
+
+def test_a_device_is_shared_when_two_stage_processes_run_on_it() -> None:
+    assert shared_devices(stages()) == ["cuda:0"]
+    assert shared_devices(stages(code2wav={"device": "cuda:1"})) == ["cuda:0"]
+    assert shared_devices(stages(talker={"device": "cuda:1"}, code2wav={"device": "cuda:2"})) == []
+    # a thread is not a process of its own: it shares its process's context, not the GPU's slices
+    assert shared_devices(stages(talker={"worker": "thread"}, code2wav={"worker": "thread"})) == []
+    assert shared_devices(parse_profile({}).stages) == []  # the CPU default
+    two = stages(talker={"device": "cuda:1", "replicas": 2}, code2wav={"device": "cuda:2"})
+    assert shared_devices(two) == ["cuda:1"]  # two replicas of one stage on one device
+
+
+def test_the_pipelines_own_daemon_is_started_in_the_run_directory_and_quit_at_its_stop(
+    mps_env: Path,
+) -> None:
+    daemon = start_mps(stages())
+    assert daemon is not None and daemon.owned
+    env = daemon.env()
+    pipe = Path(env[PIPE_ENV])
+    assert pipe.parent.parent == mps_root() and (pipe / "control").exists()
+    assert Path(env[LOG_ENV]).is_dir()
+    assert mps_env.read_text().splitlines() == [f"start {pipe} {env[LOG_ENV]}"]
+    assert PIPE_ENV not in os.environ  # the stage processes get it; this process is no client
+    daemon.stop()
+    assert mps_env.read_text().splitlines()[1:] == [f"quit {pipe}"]
+    assert not pipe.parent.exists()
+
+
+def test_a_daemon_already_running_is_used_and_left_running(
+    mps_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    theirs = tmp_path / "operator-mps"
+    theirs.mkdir()
+    (theirs / "control").write_text("")
+    monkeypatch.setenv(PIPE_ENV, str(theirs))
+    daemon = start_mps(stages())
+    assert daemon is not None and not daemon.owned
+    assert daemon.env() == {PIPE_ENV: str(theirs)}
+    daemon.stop()
+    assert mps_env.read_text() == "" and (theirs / "control").exists()  # never started, never quit
+
+
+def test_a_daemon_left_by_a_pipeline_that_died_is_quit_at_the_next_start(mps_env: Path) -> None:
+    # named after a process that is gone: this pid with another start time
+    left = mps_root() / f"{os.getpid()}-1" / "pipe"
+    left.mkdir(parents=True)
+    (left / "control").write_text("")
+    daemon = start_mps(stages())
+    assert daemon is not None
+    assert f"quit {left}" in mps_env.read_text().splitlines()
+    assert not left.parent.exists()
+    daemon.stop()
+
+
+def test_without_the_control_program_auto_warns_and_on_refuses_to_start(
+    mps_env: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with caplog.at_level(logging.WARNING, logger="omnivoice.engine.mps"):
+        assert start_mps(stages()) is None
+    assert "no nvidia-cuda-mps-control on PATH" in caplog.text and "time slices" in caplog.text
+    with pytest.raises(MpsUnavailable, match="no nvidia-cuda-mps-control on PATH"):
+        start_mps(stages(mps="on"))
+    assert start_mps(stages(mps="off")) is None
+
+
+def test_a_daemon_that_fails_to_start_says_why(
+    mps_env: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("FAIL_MPS", "1")
+    with caplog.at_level(logging.WARNING, logger="omnivoice.engine.mps"):
+        assert start_mps(stages()) is None
+    assert "cannot be started on this system" in caplog.text
+    with pytest.raises(MpsUnavailable, match="cannot be started on this system"):
+        start_mps(stages(mps="on"))
+    assert not any(mps_root().iterdir())  # nothing left behind
+
+
+def test_off_or_nothing_shared_starts_no_daemon(mps_env: Path) -> None:
+    assert start_mps(stages(mps="off")) is None
+    assert start_mps(stages(talker={"device": "cuda:1"}, code2wav={"device": "cuda:2"}, mps="on")) is None
+    assert mps_env.read_text() == ""
