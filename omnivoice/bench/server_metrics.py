@@ -32,6 +32,7 @@ CHAT = {
 RESPONSE = "omnivoice_realtime_response_seconds"
 PHASES = ("first_text", "first_audio")
 UNDERRUN = "omnivoice_realtime_playback_underrun_seconds"
+ENGINE_FIRST_AUDIO = "omnivoice_realtime_engine_first_audio_seconds"
 STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
 
 
@@ -160,6 +161,11 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
             **{p: histogram_ms(before, after, RESPONSE, (("phase", p),)) for p in PHASES},
             "underrun": histogram_ms(before, after, UNDERRUN),
         },
+        # where those responses' engine requests spent their time to the first audio (types.FirstAudio)
+        "engine_first_audio": {
+            part: histogram_ms(before, after, ENGINE_FIRST_AUDIO, (("part", part),))
+            for part in dict.fromkeys(dict(k)["part"] for k in after.get(f"{ENGINE_FIRST_AUDIO}_count", {}))
+        },
     }
 
 
@@ -220,6 +226,7 @@ def format_lines(b: dict[str, Any]) -> list[str]:
         )
     timed = [(f"chat {k}, ms", h) for k, h in (b.get("chat") or {}).items()]
     timed += [(f"server {k}, ms", h) for k, h in (b.get("realtime") or {}).items()]
+    timed += [(f"engine {k}, ms", h) for k, h in (b.get("engine_first_audio") or {}).items()]
     timed += [(f"core hop {k}, ms", h) for k, h in (b.get("core_hops") or {}).items()]
     for title, h in timed:
         if h.get("samples"):

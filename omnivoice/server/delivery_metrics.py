@@ -1,5 +1,6 @@
 """/metrics of how the server delivers the realtime responses' audio (session/delivery.py), read at
-scrape time: each response's time to its first text and audio delta, and its playback underrun."""
+scrape time: each response's time to its first text and audio delta, where its engine request's time
+to its first audio went, and its playback underrun."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ class DeliveryCollector(Collector):
         for phase, h in s.phases.items():
             add_histogram(phases, [phase], DELIVERY_BUCKETS, h.counts, h.total, h.sum_s)
         yield phases
+        parts = HistogramMetricFamily(
+            "omnivoice_realtime_engine_first_audio_seconds",
+            "A realtime response's engine request, from its start to its first audio, part by part "
+            "(thinker to the first token, to the talker, talker frames, to Code2Wav, decode, to the engine)",
+            labels=["part"],
+        )
+        for part, h in s.parts.items():
+            add_histogram(parts, [part], DELIVERY_BUCKETS, h.counts, h.total, h.sum_s)
+        yield parts
         u = s.underrun
         yield histogram_family(
             "omnivoice_realtime_playback_underrun_seconds",

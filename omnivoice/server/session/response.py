@@ -185,6 +185,8 @@ class Response:
                 elif isinstance(out, ToolCallDone):
                     self._calls.done(out)
                 elif isinstance(out, AudioChunk) and plan.want_audio and out.pcm.size:
+                    if out.first_audio is not None:
+                        self._delivery.engine_first_audio(out.first_audio)
                     if self.item is None:
                         self._message.open()
                     await self._send_audio(self._resampler.process(out.pcm), ahead.failed)

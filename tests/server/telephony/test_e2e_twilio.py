@@ -90,6 +90,15 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
     # each job moved the session's intake clock, exported as a histogram
     intake = re.search(r"^omnivoice_realtime_intake_lag_seconds_count (\S+)$", metrics, re.M)
     assert intake is not None and float(intake[1]) >= 1
+    # the response's first audio as the server sent it, and where its engine request's wait went
+    for series in (
+        'omnivoice_realtime_response_seconds_count{phase="first_audio"}',
+        'omnivoice_realtime_engine_first_audio_seconds_count{part="to_first_token"}',
+        'omnivoice_realtime_engine_first_audio_seconds_count{part="decode"}',
+        "omnivoice_realtime_playback_underrun_seconds_count",
+    ):
+        found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.M)
+        assert found is not None and float(found[1]) >= 1, series
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
     assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
     assert [i.role for i in session.conversation.items] == ["user", "assistant"]
