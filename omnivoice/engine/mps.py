@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 DEFAULT_PIPE = Path("/tmp/nvidia-mps")  # where CUDA looks when PIPE_ENV is not set
 COMMAND_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 5.0
+MAX_SOCKET_PATH = 108  # bytes of a UNIX socket's path (sun_path), its terminating NUL included
 
 
 class MpsUnavailable(RuntimeError):
@@ -90,8 +92,14 @@ def shared_devices(stages: StagesConfig) -> list[str]:
 
 
 def mps_root() -> Path:
-    """Where the pipelines' own MPS daemons keep their directories."""
-    return run_dir() / "mps"
+    """Where the pipelines' own MPS daemons keep their directories: `mps/` of the run directory, or,
+    where that path is too long for the daemon's UNIX sockets, a directory of this user's in the
+    system's temporary directory."""
+    root = run_dir() / "mps"
+    longest = root / f"{'9' * 7}-{'9' * 20}" / "pipe" / "control_privileged"
+    if len(os.fsencode(longest)) < MAX_SOCKET_PATH:
+        return root
+    return Path(tempfile.gettempdir()) / f"omnivoice-mps-{os.getuid()}"
 
 
 def start_mps(stages: StagesConfig) -> MpsDaemon | None:
@@ -120,7 +128,7 @@ def start_mps(stages: StagesConfig) -> MpsDaemon | None:
     pipe, logs = home / "pipe", home / "log"
     said = home / "started.txt"  # what the program printed: a file, since the daemon it forks keeps
     try:  # the descriptors it was given, and a pipe would then never reach its end
-        for d in (pipe, logs):
+        for d in (home.parent, pipe, logs):
             d.mkdir(parents=True, exist_ok=True, mode=0o700)
         with said.open("w") as out:
             done = subprocess.run(

@@ -6,6 +6,7 @@ do when none can be started."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -156,3 +157,18 @@ def test_off_or_nothing_shared_starts_no_daemon(mps_env: Path) -> None:
     assert start_mps(stages(mps="off")) is None
     assert start_mps(stages(talker={"device": "cuda:1"}, code2wav={"device": "cuda:2"}, mps="on")) is None
     assert mps_env.read_text() == ""
+
+
+def test_a_run_directory_too_long_for_a_socket_falls_back_to_a_short_one(
+    mps_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    monkeypatch.setenv("OMNIVOICE_RUN_DIR", str(deep))
+    root = mps_root()
+    assert not str(root).startswith(str(deep)) and str(os.getuid()) in root.name
+    daemon = start_mps(stages())
+    assert daemon is not None and len(os.fsencode(daemon.pipe / "control")) < 108
+    daemon.stop()
+    assert f"quit {daemon.pipe}" in mps_env.read_text()
+    with contextlib.suppress(OSError):  # the system's temporary directory: leave it as it was
+        root.rmdir()
