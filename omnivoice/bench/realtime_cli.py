@@ -39,6 +39,7 @@ from omnivoice.bench.metrics import percentile, playback_stall
 from omnivoice.bench.realtime_load import (
     RATE,
     CallerFactory,
+    ClientLag,
     RealtimeLoadConfig,
     TurnRecord,
     run_in_processes,
@@ -172,6 +173,19 @@ def _difference(before: dict[str, float] | None, after: dict[str, float] | None)
     return {k: after[k] - before[k] for k in SPECULATION_KEYS}
 
 
+def client_lag(samples: list[float]) -> dict[str, float] | None:
+    """The client processes' event-loop lag in ms (p50, p99, max, and how many samples); None
+    without samples."""
+    if not samples:
+        return None
+    return {
+        "samples": len(samples),
+        "p50": 1e3 * percentile(samples, 50),
+        "p99": 1e3 * percentile(samples, 99),
+        "max": 1e3 * max(samples),
+    }
+
+
 def format_table(report: dict[str, Any]) -> str:
     head = (
         f"realtime ({report.get('transport', 'realtime')}): {report['sessions']} sessions x "
@@ -183,6 +197,11 @@ def format_table(report: dict[str, Any]) -> str:
         if name != "-":
             parts.append(f"speculative responses: {name}")
         parts.append(_run_table(run["summary"], run["speculation"]))
+        if lag := run.get("client_loop_lag_ms"):
+            parts.append(
+                f"{'client event loop lag ms':<28} p50 {lag['p50']:.1f}, p99 {lag['p99']:.1f}, "
+                f"max {lag['max']:.1f} ({lag['samples']} samples)"
+            )
         if run.get("server"):
             parts.extend(server_metrics.format_lines(run["server"]))
     return "\n".join(parts)
@@ -271,12 +290,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"speculative responses {name}", file=sys.stderr)
         before = speculation_counts(args.base_url, args.api_key)
         scraped = server_metrics.scrape(args.base_url, args.api_key)
+        lag = ClientLag()
         records, duration = run_in_processes(
-            replace(cfg, speculative=speculative), clients, caller, args.quiet
+            replace(cfg, speculative=speculative), clients, caller, args.quiet, lag
         )
         after = speculation_counts(args.base_url, args.api_key)
         runs[name] = {
             "summary": summarize(records, duration),
+            # how late the client processes' event loops woke (a client behind inflates every figure)
+            "client_loop_lag_ms": client_lag(lag.samples),
             "speculation": _difference(before, after),
             # the event loop's lag and each stage's time over the run, from /metrics around it
             "server": server_metrics.breakdown(

@@ -9,6 +9,10 @@ Per turn, on one monotonic clock:
 - turn detection: `speech_stopped` arrival - end of speech; response: first audio - `speech_stopped`;
 - stall: the longest wait of a player that starts at the first delta (bench.metrics.playback_stall).
 
+The times are stamped when the client's event loop handles each event, so a client that cannot keep
+up would add its own delay to them: each client process samples its event loop's lag while it runs
+(`ClientLag`, every LAG_TICK_S), and the report says how late it was.
+
 A session speaks only once the server has accepted its `session.update` (`session.updated`); one it
 refuses (an `error`: nothing of the update applies) fails that session's turns instead of measuring
 them with the server's defaults. The one exception: a server from before the
@@ -35,6 +39,7 @@ from omnivoice.bench.metrics import playback_stall
 
 RATE = 24000
 CHUNK_MS = 20
+LAG_TICK_S = 0.05  # the client's event loop is sampled this often
 SPECULATIVE_PARAM = "session.omnivoice.speculative_response"
 
 
@@ -75,6 +80,22 @@ class TurnRecord:
     @property
     def ok(self) -> bool:
         return self.error is None and self.first_audio is not None
+
+
+class ClientLag:
+    """How late a client's event loop woke up, sampled every LAG_TICK_S while `sample` runs: each
+    sample the seconds past its due time."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+
+    async def sample(self) -> None:
+        due = time.monotonic() + LAG_TICK_S
+        while True:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            now = time.monotonic()
+            self.samples.append(max(0.0, now - due))
+            due = max(due + LAG_TICK_S, now)
 
 
 class _Caller:
@@ -220,12 +241,13 @@ async def run_realtime_load(
     caller: CallerFactory | None = None,
     indices: Sequence[int] | None = None,
     start_at: float | None = None,
+    lag: ClientLag | None = None,
 ) -> tuple[list[TurnRecord], float]:
     """Run every session to its last turn; returns the turn records and the wall time taken.
     `caller` makes one session's client (default: a `/v1/realtime` client; see bench.twilio_load).
     `indices` runs only those sessions of the `cfg.sessions` (a shard: see `run_in_processes`), each
     started at its place of the ramp counted from `start_at` (a `time.monotonic()` instant, which
-    every process of the machine shares; default now)."""
+    every process of the machine shares; default now). `lag`: sampled while the sessions run."""
     make = caller or _Caller
     chosen = list(range(cfg.sessions) if indices is None else indices)
     records: list[TurnRecord] = []
@@ -240,7 +262,13 @@ async def run_realtime_load(
         await asyncio.sleep(max(0.0, t0 + i * cfg.ramp_s / cfg.sessions - time.monotonic()))
         await make(cfg, i, record).run()
 
-    results = await asyncio.gather(*(start(i) for i in chosen), return_exceptions=True)
+    sampler = asyncio.create_task(lag.sample()) if lag is not None else None
+    try:
+        results = await asyncio.gather(*(start(i) for i in chosen), return_exceptions=True)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
     for i, r in zip(chosen, results, strict=True):
         if isinstance(r, BaseException):
             records.append(TurnRecord(i, -1, error=f"{type(r).__name__}: {r}"))
@@ -273,22 +301,28 @@ def _shard(
     sends back their records."""
     conn.send("ready")
     start_at = conn.recv()
+    lag = ClientLag()
     records, _ = asyncio.run(
-        run_realtime_load(cfg, _quiet if quiet else print_turn, caller, indices, start_at)
+        run_realtime_load(cfg, _quiet if quiet else print_turn, caller, indices, start_at, lag)
     )
-    conn.send((records, time.monotonic()))
+    conn.send((records, time.monotonic(), lag.samples))
     conn.close()
 
 
 def run_in_processes(
-    cfg: RealtimeLoadConfig, processes: int, caller: CallerFactory | None = None, quiet: bool = False
+    cfg: RealtimeLoadConfig,
+    processes: int,
+    caller: CallerFactory | None = None,
+    quiet: bool = False,
+    lag: ClientLag | None = None,
 ) -> tuple[list[TurnRecord], float]:
     """`run_realtime_load` with the sessions dealt round-robin over `processes` client processes, so
     a hundred callers' JSON, base64 and WebSocket work does not queue on one client interpreter (which
     would add its own delay to every measured latency). Every process is started and ready before the
-    common ramp begins; a process that dies fails its sessions' turns."""
+    common ramp begins; a process that dies fails its sessions' turns. `lag` gets every client
+    process's samples of its event loop's lag."""
     if processes <= 1:
-        return asyncio.run(run_realtime_load(cfg, _quiet if quiet else print_turn, caller))
+        return asyncio.run(run_realtime_load(cfg, _quiet if quiet else print_turn, caller, lag=lag))
     ctx = multiprocessing.get_context("spawn")
     shards = [list(range(cfg.sessions))[k::processes] for k in range(processes)]
     shards = [s for s in shards if s]
@@ -314,9 +348,11 @@ def run_in_processes(
     end = start_at
     for proc, conn, indices in ready:
         try:
-            shard_records, shard_end = conn.recv()
+            shard_records, shard_end, shard_lag = conn.recv()
             records.extend(shard_records)
             end = max(end, shard_end)
+            if lag is not None:
+                lag.samples.extend(shard_lag)
         except (EOFError, OSError) as e:
             records.extend(_failed(indices, e))
         proc.join(timeout=10)

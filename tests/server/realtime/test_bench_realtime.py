@@ -40,6 +40,10 @@ def test_two_sessions_report_voice_to_voice_latency(
     assert on["speculation"]["started"] == 2 + on["speculation"]["dropped"]
     assert off["speculation"] == dict.fromkeys(off["speculation"], 0)
     assert "speculative responses: off" in format_table(report)
+    # the client's own event loop was sampled throughout each run
+    lag = on["client_loop_lag_ms"]
+    assert lag["samples"] >= 1 and 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
+    assert "client event loop lag ms" in format_table(report)
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
@@ -60,6 +64,8 @@ def test_sessions_dealt_over_client_processes_are_each_measured_once(tmp_path: P
     assert s["turns"] == 3 and s["errors"] == 0
     assert s["audio_seconds"] == pytest.approx(3 * 0.2, abs=0.01)
     assert report["runs"]["on"]["speculation"]["confirmed"] == 3
+    # every client process sampled its event loop, and sent its samples back with its records
+    assert report["runs"]["on"]["client_loop_lag_ms"]["samples"] >= 2
 
 
 def test_client_processes_grow_with_sessions_within_half_the_cores() -> None:
