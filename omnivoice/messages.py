@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from omnivoice.types import EngineStats, GenerationRequest, HopHistogram, StageName, StageStats
+from omnivoice.types import EngineStats, GenerationRequest, SecondsHistogram, StageName, StageStats
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class CoreSnapshot:
     replicas: tuple[StageStats, ...]  # each stage worker's own
     failure: str | None
     restarting: bool
-    requests: HopHistogram | None = None  # the `request` hop, as the core timed it
+    requests: SecondsHistogram | None = None  # the `request` hop, as the core timed it
 
 
 @dataclass(frozen=True)

@@ -352,22 +352,28 @@ def count_into(counts: list[int], bounds: tuple[float, ...], value: float) -> No
 
 
 @dataclass
-class HopHistogram:
-    """One hop's times (see HOPS): `counts` cumulative per HOP_BUCKETS bound, how many, their sum."""
+class SecondsHistogram:
+    """Times in seconds of what `name` says (a hop of HOPS, by default, with HOP_BUCKETS): `counts`
+    cumulative per `bounds` bound, how many, their sum."""
 
-    hop: str
-    counts: list[int] = field(default_factory=lambda: [0] * len(HOP_BUCKETS))
+    name: str
+    bounds: tuple[float, ...] = HOP_BUCKETS
+    counts: list[int] = field(default_factory=list)
     total: int = 0
     sum_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.bounds)
 
     def record(self, seconds: float) -> None:
         seconds = max(0.0, seconds)
         self.total += 1
         self.sum_s += seconds
-        count_into(self.counts, HOP_BUCKETS, seconds)
+        count_into(self.counts, self.bounds, seconds)
 
-    def copy(self) -> HopHistogram:
-        return HopHistogram(self.hop, list(self.counts), self.total, self.sum_s)
+    def copy(self) -> SecondsHistogram:
+        return SecondsHistogram(self.name, self.bounds, list(self.counts), self.total, self.sum_s)
 
 
 @dataclass(frozen=True)
@@ -406,7 +412,7 @@ class EngineStats:
     conversations: int = 0  # conversations the router keeps a thinker replica for (cache_key affinity)
     routed: int = 0  # requests counted against a replica by the router (sum of replica_load)
     capacity: Capacity | None = None
-    hops: tuple[HopHistogram, ...] = ()  # a core process's hops (HOPS); none for an in-process engine
+    hops: tuple[SecondsHistogram, ...] = ()  # a core process's hops (HOPS); none for an in-process engine
 
 
 # The talker's context holds a prompt's user positions plus 9 (the assistant start, tts pads and bos,

@@ -7,21 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from omnivoice.server.metrics import add_histogram, histogram_family
+from omnivoice.server.metrics import ScrapedCollector, add_histogram, histogram_family
 from omnivoice.server.session.delivery import DELIVERY_BUCKETS, DeliveryStats
 
 
-class DeliveryCollector(Collector):
-    def __init__(self, stats: DeliveryStats) -> None:
-        self._stats = stats
-
-    def describe(self) -> list[Metric]:
-        return []
-
+class DeliveryCollector(ScrapedCollector[DeliveryStats]):
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
+        s = self._source
         phases = HistogramMetricFamily(
             "omnivoice_realtime_response_seconds",
             "A realtime response's start (its turn's end) to its first text or audio delta queued",

@@ -7,22 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from omnivoice.audio.front_door import FrontDoor
-from omnivoice.server.metrics import histogram_family
+from omnivoice.server.metrics import ScrapedCollector, histogram_family
 from omnivoice.server.session.intake import LAG_BUCKETS, IntakeStats
 
 
-class FrontDoorCollector(Collector):
-    def __init__(self, door: FrontDoor) -> None:
-        self._door = door
-
-    def describe(self) -> list[Metric]:
-        return []
-
+class FrontDoorCollector(ScrapedCollector[FrontDoor]):
     def collect(self) -> Iterator[Metric]:
-        d = self._door
+        d = self._source
         described = (
             ("ticks", d.ticks, "Batches the front door scored (each every session's appends pending then)"),
             ("appends", d.jobs, "Realtime appends the front door's workers scored"),
@@ -35,15 +28,9 @@ class FrontDoorCollector(Collector):
             yield family
 
 
-class IntakeCollector(Collector):
-    def __init__(self, stats: IntakeStats) -> None:
-        self._stats = stats
-
-    def describe(self) -> list[Metric]:
-        return []
-
+class IntakeCollector(ScrapedCollector[IntakeStats]):
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
+        s = self._source
         yield histogram_family(
             "omnivoice_realtime_intake_lag_seconds",
             "How far behind real time a session had handled its caller's audio, after each append",

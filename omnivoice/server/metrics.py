@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from omnivoice.server.loop_lag import LoopLag
-from omnivoice.types import HOP_BUCKETS, Capacity, EngineStats, HopHistogram, StageStats
+from omnivoice.types import Capacity, EngineStats, SecondsHistogram, StageStats
 
 _LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 _PREPARE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -32,6 +32,20 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 # Values of the `status` label of omnivoice_requests_total.
 STATUSES = ("ok", "cancelled", "error", "invalid", "rejected", "unavailable")
+
+
+T = TypeVar("T")
+
+
+class ScrapedCollector(Collector, Generic[T]):
+    """Exports what its `collect` reads off `source` at scrape time; nothing is known to describe
+    before that."""
+
+    def __init__(self, source: T) -> None:
+        self._source = source
+
+    def describe(self) -> list[Metric]:
+        return []
 
 
 def histogram_family(
@@ -128,7 +142,7 @@ def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
     yield from (*families, ingested, gpu)
 
 
-def _hop_metrics(hops: tuple[HopHistogram, ...]) -> HistogramMetricFamily:
+def _hop_metrics(hops: tuple[SecondsHistogram, ...]) -> HistogramMetricFamily:
     """How long messages take between the engine client and its core process, hop by hop (types.HOPS)."""
     family = HistogramMetricFamily(
         "omnivoice_core_hop_seconds",
@@ -138,7 +152,7 @@ def _hop_metrics(hops: tuple[HopHistogram, ...]) -> HistogramMetricFamily:
         labels=["hop"],
     )
     for h in hops:
-        add_histogram(family, [h.hop], HOP_BUCKETS, h.counts, h.total, h.sum_s)
+        add_histogram(family, [h.name], h.bounds, h.counts, h.total, h.sum_s)
     return family
 
 

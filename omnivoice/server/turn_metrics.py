@@ -7,21 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 
-from omnivoice.server.metrics import histogram_family
+from omnivoice.server.metrics import ScrapedCollector, histogram_family
 from omnivoice.server.session.end_of_turn import LATENCY_BUCKETS, JudgeStats
 
 
-class TurnModelCollector(Collector):
-    def __init__(self, stats: JudgeStats) -> None:
-        self._stats = stats
-
-    def describe(self) -> list[Metric]:
-        return []
-
+class TurnModelCollector(ScrapedCollector[JudgeStats]):
     def collect(self) -> Iterator[Metric]:
-        s = self._stats
+        s = self._source
         yield histogram_family(
             "omnivoice_turn_model_pause_seconds",
             "semantic_vad: a pause's wait for the end-of-turn model's score (queue, features, model)",

@@ -91,6 +91,20 @@ async def send_audio(conn: Any, audio: bytes, chunk_ms: int = 20, pace: float = 
         await asyncio.sleep(pace * chunk_ms / 1000)
 
 
+async def respond_to_text(base_url: str, text: str = "hi", timeout: float = 20.0) -> Any:
+    """One session over the `openai` client at `base_url`: a user message saying `text`, then
+    `response.create`; the `response.done` event's response."""
+    async with client(base_url).realtime.connect(model="omnivoice") as conn:
+        rec = Recorder(conn)
+        await rec.next("session.created")
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+        await conn.conversation.item.create(item=item)  # type: ignore[arg-type]
+        await conn.response.create()
+        done = (await rec.next("response.done", timeout=timeout)).response
+        await rec.close()
+    return done
+
+
 async def text_turn(url: str, session: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """One turn over a raw `/v1/realtime` WebSocket at `url`: apply `session`, say "hi" as text, ask for a
     response; the bytes of audio it streamed and its `response.done` object. An `error` event fails."""

@@ -62,7 +62,7 @@ from omnivoice.types import (
     EngineUnavailable,
     Finished,
     GenerationRequest,
-    HopHistogram,
+    SecondsHistogram,
     StageStats,
 )
 
@@ -103,7 +103,7 @@ class EngineClient(ModelFront):
         self._restart: threading.Thread | None = None
         self._snapshot: CoreSnapshot | None = None
         # the hops outputs take back from the core (types.HOPS): timed by the reader and the loop
-        self._hops = {hop: HopHistogram(hop) for hop in HOPS[1:]}
+        self._hops = {hop: SecondsHistogram(hop) for hop in HOPS[1:]}
         self._heard: tuple[str | None, bool] = (None, False)  # the core's failure and restart state
         self._closed = False
 
@@ -168,7 +168,7 @@ class EngineClient(ModelFront):
         snap = self._snapshot
         if snap is None:
             return EngineStats((), len(self._pending))
-        requests = snap.requests or HopHistogram(HOPS[0])
+        requests = snap.requests or SecondsHistogram(HOPS[0])
         return replace(snap.stats, hops=(requests, *(h.copy() for h in self._hops.values())))
 
     def capacity(self) -> Capacity:

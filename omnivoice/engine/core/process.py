@@ -39,7 +39,7 @@ from omnivoice.messages import (
     NewRequest,
     StartStep,
 )
-from omnivoice.types import EngineOverloaded, EngineUnavailable, HopHistogram
+from omnivoice.types import EngineOverloaded, EngineUnavailable, SecondsHistogram
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine
@@ -100,7 +100,7 @@ def _serve(profile: Profile, source: Path | DummySource, inbox: Any, channel: An
         return 1
     state.append(engine)
     freeze_built_objects("engine core")
-    requests = HopHistogram("request")  # the client's requests' way here (types.HOPS)
+    requests = SecondsHistogram("request")  # the client's requests' way here (types.HOPS)
     outbox.snapshots(lambda: _snapshot(engine, requests))
     outbox.send(CoreReady(os.getpid()))
     log.info("engine core ready (pid %d)", os.getpid())
@@ -147,7 +147,7 @@ def _carry_out(engine: Engine, outbox: CoreOutbox, msg: Any) -> None:
         log.error("engine core: unexpected message %s", type(msg).__name__)
 
 
-def _snapshot(engine: Engine, requests: HopHistogram) -> CoreSnapshot:
+def _snapshot(engine: Engine, requests: SecondsHistogram) -> CoreSnapshot:
     return CoreSnapshot(
         engine.stats(), engine.replica_stats(), engine.failure, engine.restarting, requests.copy()
     )

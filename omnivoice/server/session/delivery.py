@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from omnivoice.types import FirstAudio, count_into
+from omnivoice.types import FirstAudio, SecondsHistogram
 
 # upper bounds (seconds) of the histograms' buckets
 DELIVERY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0)
@@ -30,29 +30,14 @@ PARTS = tuple(f.name.removesuffix("_ms") for f in fields(FirstAudio))
 
 
 @dataclass
-class Histogram:
-    """Cumulative `counts` per DELIVERY_BUCKETS bound, how many, their sum."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * len(DELIVERY_BUCKETS))
-    total: int = 0
-    sum_s: float = 0.0
-
-    def record(self, seconds: float) -> None:
-        seconds = max(0.0, seconds)
-        self.total += 1
-        self.sum_s += seconds
-        count_into(self.counts, DELIVERY_BUCKETS, seconds)
-
-
-@dataclass
 class DeliveryStats:
     """The app's responses since it started: each PHASES' time (of the responses that reached it),
     each PARTS' time (of the responses whose engine request made audio) and each response's underrun
     (of the responses that sent audio)."""
 
-    phases: dict[str, Histogram] = field(default_factory=lambda: {p: Histogram() for p in PHASES})
-    parts: dict[str, Histogram] = field(default_factory=lambda: {p: Histogram() for p in PARTS})
-    underrun: Histogram = field(default_factory=Histogram)
+    phases: dict[str, SecondsHistogram] = field(default_factory=lambda: _each(PHASES))
+    parts: dict[str, SecondsHistogram] = field(default_factory=lambda: _each(PARTS))
+    underrun: SecondsHistogram = field(default_factory=lambda: SecondsHistogram("underrun", DELIVERY_BUCKETS))
 
     def reached(self, phase: str, seconds: float) -> None:
         self.phases[phase].record(seconds)
@@ -63,3 +48,7 @@ class DeliveryStats:
 
     def delivered(self, underrun_s: float) -> None:
         self.underrun.record(underrun_s)
+
+
+def _each(names: tuple[str, ...]) -> dict[str, SecondsHistogram]:
+    return {n: SecondsHistogram(n, DELIVERY_BUCKETS) for n in names}

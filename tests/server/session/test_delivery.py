@@ -13,11 +13,10 @@ import pytest
 
 from omnivoice.server.session.pacing import Pacer
 from tests.support.fake_engine import FakeServer, Script, serve_realtime
-from tests.support.realtime_client import Recorder, client
+from tests.support.realtime_client import respond_to_text
 
 # 0.1 s chunks, one every 0.3 s at least: a player waits 0.2 s or more before each chunk after the first
 SLOW = Script(texts=("Hi", " there", " you", " all"), audio_chunks=4, chunk_samples=2400, delay=0.3)
-ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
 
 
 async def test_the_pacer_counts_the_players_dry_spells() -> None:
@@ -47,13 +46,7 @@ def sample(metrics: str, name: str) -> float:
 async def test_metrics_say_when_a_response_began_to_speak_and_how_long_its_player_waited(
     srv: FakeServer,
 ) -> None:
-    async with client(srv.url).realtime.connect(model="omnivoice") as conn:
-        rec = Recorder(conn)
-        await rec.next("session.created")
-        await conn.conversation.item.create(item=ITEM)  # type: ignore[arg-type]
-        await conn.response.create()
-        done = (await rec.next("response.done", timeout=20)).response
-        await rec.close()
+    done = await respond_to_text(srv.url)
     assert done.status == "completed"
     m = httpx.get(f"{srv.url}/metrics", timeout=10).text
     for phase in ("first_text", "first_audio"):
