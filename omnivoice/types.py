@@ -298,6 +298,8 @@ class StageStats:
     step_runnable_s: float = 0.0
     ingest_s: float = 0.0
     ingested: int = 0
+    # the worker is a process on a GPU that was started as a client of an MPS daemon (engine/mps.py)
+    mps_client: bool = False
     gpu_utilization: float | None = None
     graphs_pending: int = 0  # CUDA graphs left for after the start, not captured yet (graph_backlog)
 

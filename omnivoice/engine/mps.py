@@ -77,6 +77,12 @@ class MpsDaemon:
             _quit(self.home)
 
 
+def mps_client(device: object) -> bool:
+    """Whether this process, working on `device`, was started as a client of an MPS daemon (its
+    environment names the daemon's pipe directory, and the device is a GPU)."""
+    return str(device).startswith("cuda") and bool(os.environ.get(PIPE_ENV))
+
+
 def shared_devices(stages: StagesConfig) -> list[str]:
     """The CUDA devices that two or more stage processes (`worker: process`) run on."""
     used: Counter[str] = Counter()

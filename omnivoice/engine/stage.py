@@ -26,6 +26,7 @@ from omnivoice.engine.board import PriorityBoard, Seat
 from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
 from omnivoice.engine.device_fault import DeviceFault, is_device_fault
+from omnivoice.engine.mps import mps_client
 from omnivoice.engine.parent_watch import server_alive
 from omnivoice.engine.process_stats import process_stats
 from omnivoice.engine.step_clock import GpuUtilization, StepTime, ThreadClock
@@ -137,6 +138,7 @@ class StageWorker:
         self._step_time = StepTime()
         self._clock: ThreadClock | None = None  # made in the thread that serves (it measures that one)
         self._gpu = GpuUtilization(getattr(runner, "device", None))
+        self._mps_client = mps_client(getattr(runner, "device", None))
         self._ingest_s = 0.0
         self._ingested = 0
         self._usual_step_s: float | None = None  # moving average of the step time
@@ -385,6 +387,7 @@ class StageWorker:
                     ingest_s=self._ingest_s,
                     ingested=self._ingested,
                     gpu_utilization=self._gpu.read(),
+                    mps_client=self._mps_client,
                 )
             )
 

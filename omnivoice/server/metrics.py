@@ -235,8 +235,14 @@ class ServerStateCollector(Collector):
                 "CUDA graphs of wide batches a stage worker still captures after the start, while idle",
                 labels=["stage", "replica"],
             )
+            mps = GaugeMetricFamily(
+                "omnivoice_stage_mps_client",
+                "1 when a stage worker is a GPU process started as a client of an MPS daemon",
+                labels=["stage", "replica"],
+            )
             for w in engine["workers"]:
                 stage, replica = w["name"], str(w["replica"])
+                mps.add_metric([stage, replica], 1.0 if w["mps_client"] else 0.0)
                 for table in ("queued", "running", "routes", "tombstones", "prefixes", "kv_slots_used"):
                     tables.add_metric([stage, replica, table], w[table])
                 graphs.add_metric([stage, replica], w["graphs_pending"])
@@ -247,7 +253,7 @@ class ServerStateCollector(Collector):
                 "omnivoice_engine_conversations", "Conversations the engine routes to a thinker replica"
             )
             conversations.add_metric([], engine["conversations"])
-            yield from (tables, graphs, conversations)
+            yield from (tables, graphs, mps, conversations)
         yield from (rss, fds)
 
 

@@ -20,6 +20,7 @@ from omnivoice.engine.mps import (
     LOG_ENV,
     PIPE_ENV,
     MpsUnavailable,
+    mps_client,
     mps_root,
     shared_devices,
     start_mps,
@@ -173,3 +174,13 @@ def test_a_run_directory_too_long_for_a_socket_falls_back_to_a_short_one(
     assert f"quit {daemon.pipe}" in mps_env.read_text()
     with contextlib.suppress(OSError):  # the system's temporary directory: leave it as it was
         root.rmdir()
+
+
+def test_a_gpu_process_with_the_daemons_pipe_in_its_environment_is_a_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(PIPE_ENV, raising=False)
+    assert not mps_client("cuda:0")
+    monkeypatch.setenv(PIPE_ENV, "/tmp/some-mps")
+    assert mps_client("cuda:0") and mps_client("cuda")
+    assert not mps_client("cpu") and not mps_client(None)  # a CPU stage is nobody's client

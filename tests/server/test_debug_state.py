@@ -27,6 +27,7 @@ def test_state_lists_sessions_engine_tables_and_process_figures() -> None:
     assert [w["name"] for w in engine["workers"]] == ["thinker", "talker", "code2wav"]
     tables = {"queued", "running", "routes", "tombstones", "prefixes", "kv_slots_used", "rss_bytes"}
     assert tables <= engine["workers"][0].keys()
+    assert [w["mps_client"] for w in engine["workers"]] == [False] * 3  # no GPU: no MPS
     proc = state["process"]
     assert proc["rss_bytes"] > 10_000_000 and proc["open_fds"] > 3 and proc["asyncio_tasks"] >= 1
     assert proc["shm_segments"] == 0
@@ -34,6 +35,7 @@ def test_state_lists_sessions_engine_tables_and_process_figures() -> None:
         'omnivoice_realtime_sessions{transport="websocket"} 0.0',
         "omnivoice_realtime_reserved_slots 0.0",
         'omnivoice_stage_requests{replica="0",stage="talker",table="tombstones"} 0.0',
+        'omnivoice_stage_mps_client{replica="0",stage="code2wav"} 0.0',
         "omnivoice_shm_segments 0.0",
         'omnivoice_process_resident_memory_bytes{process="server"}',
         'omnivoice_process_open_fds{process="server"}',
