@@ -25,6 +25,7 @@ from omnivoice.engine.mps import (
     shared_devices,
     start_mps,
 )
+from omnivoice.engine.pipeline import Pipeline, PipelineStartError
 
 # the stand-in: `-d` makes the control socket (a plain file here) in the pipe directory, `quit` on
 # stdin removes it; each command is written to the journal. FAIL_MPS makes `-d` fail as a driver
@@ -184,3 +185,13 @@ def test_a_gpu_process_with_the_daemons_pipe_in_its_environment_is_a_client(
     monkeypatch.setenv(PIPE_ENV, "/tmp/some-mps")
     assert mps_client("cuda:0") and mps_client("cuda")
     assert not mps_client("cpu") and not mps_client(None)  # a CPU stage is nobody's client
+
+
+def test_a_pipeline_that_needs_mps_and_gets_none_fails_to_start_before_any_stage_process(
+    mps_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    cuda = {"device": "cuda:0", "worker": "process"}
+    profile = parse_profile({"stages": {"mps": "on", "thinker": cuda, "talker": cuda, "code2wav": cuda}})
+    with pytest.raises(PipelineStartError, match=r"stages\.mps is on"):
+        Pipeline.start(profile, tmp_path / "no-checkpoint")  # never read: nothing started
