@@ -38,7 +38,7 @@ import numpy as np
 
 from omnivoice.audio.front_door import FrontDoor, Scoring
 from omnivoice.audio.log_mel import LogMel, LogMelStream
-from omnivoice.audio.resample import StreamResampler
+from omnivoice.audio.resample import Resampler, input_resampler
 from omnivoice.audio.turn_features import WINDOW_SAMPLES
 from omnivoice.audio.vad import VadStream
 from omnivoice.audio.wav import AudioDecodeError
@@ -95,7 +95,7 @@ class Turns:
         td = settings.turn_detection
         self._detector = TurnDetector(td, pause_ms=pause_ms) if td else None
         self._speech: tuple[str, int] | None = None  # (item id, audio start) of the turn being spoken
-        self._in = StreamResampler(settings.input_format.sample_rate, INPUT_RATE)
+        self._in: Resampler = input_resampler(settings.input_format.sample_rate, INPUT_RATE)
         self._log_mel = log_mel if log_mel is not None and log_mel.sample_rate == INPUT_RATE else None
         self._window = window_frames
         self._stream: LogMelStream | None = None  # the features of the turn being spoken, so far
@@ -111,7 +111,7 @@ class Turns:
         """The session's settings changed: follow a new input format or turn detection."""
         old, self.settings = self.settings, new
         if new.input_format != old.input_format:
-            self._in = StreamResampler(new.input_format.sample_rate, INPUT_RATE)
+            self._in = input_resampler(new.input_format.sample_rate, INPUT_RATE)
         if new.turn_detection != old.turn_detection:
             position = self._detector.next_frame if self._detector else self.buffer.end
             if self._detector is None:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocket
 
 from omnivoice.audio.formats import G711_ULAW
-from omnivoice.audio.resample import StreamResampler
+from omnivoice.audio.resample import input_resampler
 from omnivoice.config import Profile
 from omnivoice.server.session.conversation import INPUT_RATE, new_id
 from omnivoice.server.session.outbox import Event, OutboxLimits
@@ -109,7 +109,7 @@ class TwilioCall:
         ahead_s = profile.telephony.max_audio_ahead_ms / 1000
         limits = OutboxLimits.of(profile)
         self.outbox = TwilioOutbox(websocket, self.id, self._on_session_event, ahead_s=ahead_s, limits=limits)
-        self._in = StreamResampler(tw.RATE, INPUT_RATE)
+        self._in = input_resampler(tw.RATE, INPUT_RATE)  # 8 to 16 kHz: no block hold-back
 
     @property
     def label(self) -> str:
