@@ -1,10 +1,10 @@
 """Streaming resamplers: one per stream direction, so chunk edges join without clicks or drift.
 
 `StreamResampler` is soxr's stream at any pair of rates. soxr filters in blocks, so it holds part of
-what it was given back until a block is full: of 20 ms appends at 8 kHz its HQ stream holds back 64
-ms on average and up to 115 ms (benchmarks/resample_holdback.py). On a caller's input that is how
-late the VAD hears the end of a turn. `HalfBandUpsampler` doubles a rate (8 kHz G.711 to the
-model's 16 kHz) with a fixed delay of 3 ms instead: a half-band FIR, whose even outputs are its
+what it was given back until a block is full, most of all when it upsamples 8 kHz appends
+(benchmarks/resample_holdback.py measures it). On a caller's input that is how late the VAD hears
+the end of a turn. `HalfBandUpsampler` doubles a rate (8 kHz G.711 to the model's 16 kHz) with a
+fixed delay of HALF_BAND_DELAY input samples instead: a half-band FIR, whose even outputs are its
 input itself and whose odd ones a 48-tap filter makes, per chunk as it comes. `input_resampler`
 picks it for a caller's audio where the rates allow.
 """
