@@ -15,12 +15,8 @@ from omnivoice.audio.resample import (
 )
 
 
-@pytest.mark.parametrize(("src", "dst"), [(24000, 16000), (8000, 16000), (24000, 8000)])
-def test_chunked_equals_whole(src: int, dst: int) -> None:
-    rng = np.random.default_rng(0)
-    x = (0.3 * np.sin(2 * np.pi * 300 * np.arange(3 * src) / src)).astype(np.float32)
-    sizes = rng.integers(1, src // 10, size=400)
-    r = StreamResampler(src, dst)
+def chunked(r: Resampler, x: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """What `r` makes of `x` given in chunks of `sizes` (the rest in one last chunk)."""
     out, pos = [], 0
     for n in sizes:
         out.append(r.process(x[pos : pos + n]))
@@ -28,8 +24,16 @@ def test_chunked_equals_whole(src: int, dst: int) -> None:
         if pos >= x.size:
             break
     out.append(r.process(x[pos:]))
-    out.append(r.flush())
-    y = np.concatenate(out)
+    return out
+
+
+@pytest.mark.parametrize(("src", "dst"), [(24000, 16000), (8000, 16000), (24000, 8000)])
+def test_chunked_equals_whole(src: int, dst: int) -> None:
+    rng = np.random.default_rng(0)
+    x = (0.3 * np.sin(2 * np.pi * 300 * np.arange(3 * src) / src)).astype(np.float32)
+    sizes = rng.integers(1, src // 10, size=400)
+    r = StreamResampler(src, dst)
+    y = np.concatenate([*chunked(r, x, sizes), r.flush()])
     ref = soxr.resample(x, src, dst)
     assert y.size == ref.size == 3 * dst
     np.testing.assert_allclose(y, ref, atol=1e-6)
@@ -42,17 +46,6 @@ def test_identity_when_rates_match() -> None:
     r = StreamResampler(24000, 24000)
     x = np.ones(100, np.float32)
     assert r.process(x) is not None and np.array_equal(r.process(x), x) and r.flush().size == 0
-
-
-def chunked(r: Resampler, x: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
-    out, pos = [], 0
-    for n in sizes:
-        out.append(r.process(x[pos : pos + n]))
-        pos += n
-        if pos >= x.size:
-            break
-    out.append(r.process(x[pos:]))
-    return out
 
 
 def test_a_caller_at_half_the_rate_gets_the_half_band_upsampler_else_soxr() -> None:
