@@ -36,7 +36,10 @@
 #   PROFILE=configs/h200-dummy.yaml
 #   MPS=          PHASE=start serves the profile with `stages.mps` set to this (auto, on, off: a copy
 #                 of the profile in $STATE); empty: the profile's own (the engine's MPS daemon for the
-#                 stage processes that share a GPU, engine/mps.py)
+#                 stage processes that share a GPU, engine/mps.py). PHASE=start writes mps.txt: the
+#                 log's MPS line, each worker's omnivoice_stage_mps_client, nvidia-smi's processes
+#                 (type M+C: an MPS client) and the MPS processes running; PHASE=stop lists those
+#                 still running after the server stopped (none: the engine quit its daemon)
 # Example (the lead's device calls, one after another):
 #   PHASE=start bash benchmarks/gpu/realtime_scale.sh
 #   PHASE=rt SESSIONS="16 32" bash benchmarks/gpu/realtime_scale.sh
@@ -120,6 +123,16 @@ wait)
         scrape fresh  # before any request: the capacity comes from the start-up calibration (or a kept one)
         grep -E "^omnivoice_(engine|stage)_capacity_streams" "$STATE/r/metrics-fresh.txt"
         grep -E "capacity calibrated|reusing the calibration|calibrating:|warm-up burst" "$STATE/r/serve.log" | tail -4
+        # whether the stage processes run under the engine's MPS daemon: the log's line, each worker's
+        # gauge, and nvidia-smi's process types (M+C: an MPS client)
+        {
+            grep -E "CUDA MPS|MPS daemon|no CUDA MPS" "$STATE/r/serve.log"
+            grep -E "^omnivoice_stage_mps_client" "$STATE/r/metrics-fresh.txt"
+            nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv 2>&1
+            nvidia-smi | grep -E "M\+C|C  " 2>&1
+            ps -eo pid,args | grep -E "nvidia-cuda-mps" | grep -v grep
+        } > "$STATE/r/mps.txt" 2>&1
+        cat "$STATE/r/mps.txt"
     fi
     pack
     ;;
@@ -204,6 +217,10 @@ stop)
         for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     fi
     rm -f "$STATE/server.pid"
+    sleep 1
+    { echo "MPS processes after the stop:"; ps -eo pid,args | grep -E "nvidia-cuda-mps" | grep -v grep; } \
+        >> "$STATE/r/mps.txt" 2>&1
+    tail -3 "$STATE/r/mps.txt"
     grep -E "ERROR|Traceback|illegal|slow:|CUDA MPS|MPS daemon" "$STATE/r/serve.log" | head -40
     pack
     ;;
