@@ -6,37 +6,33 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import Metric
 
-from omnivoice.server.metrics import ScrapedCollector, add_histogram, histogram_family
-from omnivoice.server.session.delivery import DELIVERY_BUCKETS, DeliveryStats
+from omnivoice.server.metrics import ScrapedCollector, histogram_family, seconds_family
+from omnivoice.server.session.delivery import DeliveryStats
 
 
 class DeliveryCollector(ScrapedCollector[DeliveryStats]):
     def collect(self) -> Iterator[Metric]:
         s = self._source
-        phases = HistogramMetricFamily(
+        yield seconds_family(
             "omnivoice_realtime_response_seconds",
             "A realtime response's start (its turn's end) to its first text or audio delta queued",
-            labels=["phase"],
+            "phase",
+            s.phases.values(),
         )
-        for phase, h in s.phases.items():
-            add_histogram(phases, [phase], DELIVERY_BUCKETS, h.counts, h.total, h.sum_s)
-        yield phases
-        parts = HistogramMetricFamily(
+        yield seconds_family(
             "omnivoice_realtime_engine_first_audio_seconds",
             "A realtime response's engine request, from its start to its first audio, part by part "
             "(thinker to the first token, to the talker, talker frames, to Code2Wav, decode, to the engine)",
-            labels=["part"],
+            "part",
+            s.parts.values(),
         )
-        for part, h in s.parts.items():
-            add_histogram(parts, [part], DELIVERY_BUCKETS, h.counts, h.total, h.sum_s)
-        yield parts
         u = s.underrun
         yield histogram_family(
             "omnivoice_realtime_playback_underrun_seconds",
             "Seconds a player of a realtime response's audio would have waited, as the server sent it",
-            DELIVERY_BUCKETS,
+            u.bounds,
             u.counts,
             u.total,
             u.sum_s,

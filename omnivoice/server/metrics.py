@@ -9,7 +9,7 @@ last audio chunk sent / seconds of audio produced.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from prometheus_client import (
@@ -69,6 +69,16 @@ def add_histogram(
     """Add to `family` the series of `labels`: cumulative `counts` per bound, `total` and `sum_s`."""
     buckets = [(f"{bound:g}", float(n)) for bound, n in zip(bounds, counts, strict=True)]
     family.add_metric(labels, [*buckets, ("+Inf", float(total))], sum_s)
+
+
+def seconds_family(
+    name: str, doc: str, label: str, hists: Iterable[SecondsHistogram]
+) -> HistogramMetricFamily:
+    """One histogram family of `hists`, each the series whose `label` is its name."""
+    family = HistogramMetricFamily(name, doc, labels=[label])
+    for h in hists:
+        add_histogram(family, [h.name], h.bounds, h.counts, h.total, h.sum_s)
+    return family
 
 
 class EngineStatsCollector(Collector):
@@ -144,16 +154,14 @@ def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
 
 def _hop_metrics(hops: tuple[SecondsHistogram, ...]) -> HistogramMetricFamily:
     """How long messages take between the engine client and its core process, hop by hop (types.HOPS)."""
-    family = HistogramMetricFamily(
+    return seconds_family(
         "omnivoice_core_hop_seconds",
         "Time of a message between the engine client and its core process, by hop: request (client to "
         "the core's main thread), outbox (dispatcher to the channel), channel (until read in the "
         "server), loop (from being read to the requests: a reader thread's hand-over to the event loop)",
-        labels=["hop"],
+        "hop",
+        hops,
     )
-    for h in hops:
-        add_histogram(family, [h.name], h.bounds, h.counts, h.total, h.sum_s)
-    return family
 
 
 def _capacity_metrics(cap: Capacity) -> Iterator[Metric]:

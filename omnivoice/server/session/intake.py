@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from omnivoice.types import count_into
+
 # upper bounds (seconds) of the backlog histogram's buckets
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -32,9 +34,7 @@ class IntakeStats:
     def record(self, lag_s: float) -> None:
         self.appends += 1
         self.lag_sum_s += lag_s
-        for i, bound in enumerate(LAG_BUCKETS):
-            if lag_s <= bound:
-                self.buckets[i] += 1
+        count_into(self.buckets, LAG_BUCKETS, lag_s)
 
 
 class IntakeClock:
