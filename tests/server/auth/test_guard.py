@@ -18,6 +18,7 @@ from omnivoice.server import create_app
 from omnivoice.server.auth.keys import key_id
 from tests.support.fake_engine import FakeEngine, FakeServer
 from tests.support.keys import KEY, OTHER_KEY, bearer, sdk, serve_keyed, ws_url
+from tests.support.polling import until
 from tests.support.webrtc_client import connect as webrtc_connect
 
 CHAT = {"model": "omnivoice", "messages": [{"role": "user", "content": "hi"}]}
@@ -107,6 +108,8 @@ async def test_websocket_with_the_key(srv: FakeServer, how: str) -> None:
 async def test_websocket_without_a_valid_key_is_refused_before_the_handshake(
     srv: FakeServer, offer: dict
 ) -> None:
+    # the sessions of the tests before (closed by their clients) are released by the server meanwhile
+    await until(lambda: not srv.app.state.realtime.sessions, 10)
     with pytest.raises(websockets.exceptions.InvalidStatus) as err:
         async with websockets.connect(
             ws_url(srv.url), subprotocols=offer.get("subprotocols"), additional_headers=offer.get("headers")
