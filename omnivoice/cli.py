@@ -230,6 +230,7 @@ def _serve(args: argparse.Namespace) -> int:
     port = profile.server.port if args.port is None else args.port
     level = args.log_level or profile.server.log_level
     from omnivoice.server.auth.keys import ApiKeys, KeyConfigError, UnsafeBind, check_bind
+    from omnivoice.server.auth.redact import redact_logs
 
     try:  # before anything is logged or loaded: a server open to the network without a key never starts
         keys = ApiKeys.load(profile.auth)
@@ -238,6 +239,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"omnivoice serve: {e}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(level)
+    if profile.server.front_ends > 1:  # a supervisor of the core and the front-end processes
+        from omnivoice.server.front_ends.supervisor import serve_fleet
+
+        redact_logs(keys.secrets())
+        return serve_fleet(profile, host, port, level, keys)
     launch = _launch_core(profile)  # its start runs beside the server's imports and start
     from omnivoice.server.app import run_server  # the server stack, imported only for `serve`
     from omnivoice.server.lifecycle import start_default_engine

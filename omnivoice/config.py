@@ -432,6 +432,16 @@ class ModelConfig(_Strict):
 class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
+    front_ends: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="processes that serve the port together, each with its own event loop, front door "
+        "(VAD, resampling, log-mel, codecs) and sessions, all sharing one engine core (stages.core: "
+        "process): a connection is served by the process that accepted it. A supervisor process owns "
+        "the port, the core and the front ends. Admission, realtime.max_sessions and the per-key limits "
+        "hold for the whole server; /metrics and /v1/debug/state cover every front end",
+    )
     max_concurrent_requests: int = Field(
         64,
         ge=1,
@@ -720,6 +730,10 @@ class Profile(_Strict):
         c = self.stages.code2wav.chunk
         if c.first_frames > c.frames:
             raise ValueError("stages.code2wav.chunk.first_frames must be <= frames")
+        if self.server.front_ends > 1 and self.stages.core != "process":
+            raise ValueError(
+                "server.front_ends > 1 needs stages.core: process (the front ends share its core)"
+            )
         return self
 
 

@@ -27,6 +27,11 @@ from omnivoice.types import (
     Tools,
 )
 
+# What clients are told when a stage worker or the engine core dies: which process died, and how, is
+# for the log only.
+STOPPED = "the engine stopped unexpectedly"
+RESTARTING = f"{STOPPED}; it is restarting, retry shortly"
+
 
 class EngineAPI(Protocol):
     """A started engine: prompts in, text and audio out, and what operators read of it."""

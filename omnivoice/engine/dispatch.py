@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from omnivoice.config import Profile
+from omnivoice.engine.api import RESTARTING, STOPPED
 from omnivoice.engine.capacity import carry_step_times
 from omnivoice.engine.pipeline import Pipeline
 from omnivoice.engine.request_state import RequestState
@@ -29,9 +30,6 @@ from omnivoice.types import STAGES, StageStats
 log = logging.getLogger(__name__)
 
 WORKER_CHECK_S = 1.0  # how often the dispatcher checks that every stage worker is alive
-# What clients are told when a stage worker dies: which process died, and how, is for the log only.
-STOPPED = "the engine stopped unexpectedly"
-RESTARTING = f"{STOPPED}; it is restarting, retry shortly"
 
 
 class Dispatch:

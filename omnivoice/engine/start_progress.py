@@ -36,6 +36,10 @@ class StartProgress:
         self._done: dict[str, float] = {}  # step name -> seconds, in the order they ended
         self._running: dict[str, float] = {}  # step name -> when it began (clock)
 
+    def quiet(self) -> None:
+        """Log no step from now on: another process (the server's supervisor) logs them."""
+        self._log_steps = False
+
     def expect(self, times: dict[str, float], total_s: float) -> None:
         """The seconds each step of the last start took, and the whole start: what this one expects."""
         with self._lock:

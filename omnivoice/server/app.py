@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,10 +31,13 @@ from omnivoice.server.auth.middleware import AuthMiddleware
 from omnivoice.server.auth.redact import redact_logs
 from omnivoice.server.body_timeout import BodyTimeoutMiddleware
 from omnivoice.server.chat.endpoint import chat_completions
-from omnivoice.server.debug_state import debug_state, snapshot
+from omnivoice.server.debug_state import debug_state, front_end_state, snapshot
 from omnivoice.server.delivery_metrics import DeliveryCollector
 from omnivoice.server.drain import Drain, DrainingServer, DrainMiddleware, in_flight
 from omnivoice.server.errors import EXCEPTION_HANDLERS
+from omnivoice.server.fleet.answers import answer_questions
+from omnivoice.server.fleet.member import FleetMember
+from omnivoice.server.fleet.messages import DebugState
 from omnivoice.server.front_door_metrics import FrontDoorCollector, IntakeCollector
 from omnivoice.server.lifecycle import Admission, EngineFactory, EngineLifecycle, start_default_engine
 from omnivoice.server.listener import server_config
@@ -62,6 +66,7 @@ def create_app(
     *,
     api_keys: ApiKeys | None = None,
     host: str | None = None,
+    fleet: FleetMember | None = None,
 ) -> Starlette:
     """Build the app. The engine is started by the lifespan (in the background) and closed at shutdown.
 
@@ -69,23 +74,29 @@ def create_app(
     `omnivoice.engine.engine.Engine.start`, imported only when the app starts. `api_keys` default to
     `ApiKeys.load(profile.auth)` ($OMNIVOICE_API_KEY and auth.api_key_file; KeyConfigError if unreadable).
     `host` is the address it is served on (default server.host): a host name there is one it answers to,
-    as is telephony.public_url's.
+    as is telephony.public_url's. `fleet`: this app is one front end of several (server/fleet/): it
+    counts admission, sessions and key limits with the others and answers their questions.
     """
     keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
     drain = Drain(profile.server.drain_timeout_s)
     lifecycle = EngineLifecycle(profile, engine_factory, drain)
-    admission = Admission(profile.server.max_concurrent_requests, drain, lifecycle.capacity)
+    tally = fleet.tally if fleet is not None else None
+    admission = Admission(profile.server.max_concurrent_requests, drain, lifecycle.capacity, tally)
     own_hosts = [host or profile.server.host, urlsplit(profile.telephony.public_url or "").hostname or ""]
-    auth = Auth(profile.auth, keys, own_hosts=own_hosts)
+    auth = Auth(profile.auth, keys, own_hosts=own_hosts, tally=tally)
     # every session's input audio, batched
     front_door = FrontDoor(profile.server.audio_workers, profile.server.audio_batch_ms / 1000)
-    realtime = Sessions(profile, lifecycle, admission, auth.limits, front_door=front_door)
+    realtime = Sessions(profile, lifecycle, admission, auth.limits, front_door=front_door, tally=tally)
     calls = Calls(realtime, connect_timeout_s=profile.realtime.webrtc_connect_timeout_s, drain=drain)
 
     trimmer = MemoryTrimmer(profile.server.memory_trim_interval_s)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if fleet is not None:
+            answer_questions(app.state, fleet)
+            fleet.answer(DebugState, lambda q: front_end_state(app.state, fleet))
+            fleet.start()
         lifecycle.start()
         app.state.metrics.loop_lag.start()
         trimmer.start()
@@ -134,6 +145,7 @@ def create_app(
     app.state.admission = admission
     app.state.realtime = realtime
     app.state.webrtc = calls
+    app.state.fleet = fleet
     app.state.auth = auth
     app.state.metrics = Metrics(
         in_flight=lambda: admission.in_flight,
@@ -157,30 +169,39 @@ async def run_server(
     *,
     api_keys: ApiKeys | None = None,
     insecure_no_auth: bool = False,
+    listener: socket.socket | None = None,
+    fleet: FleetMember | None = None,
 ) -> int:
     """Serve until shut down (SIGINT/SIGTERM); 1 if the engine failed to start, else 0.
 
     Logs "omnivoice serving <model> on http://host:port" once the engine is up and the port bound.
     Without API keys (`api_keys`, default $OMNIVOICE_API_KEY and auth.api_key_file) it refuses a
     non-loopback `host` with UnsafeBind unless `insecure_no_auth` or auth.allow_unauthenticated_remote.
+    A front end of several (`fleet`) serves the supervisor's bound `listener` and tells the supervisor
+    when it serves, which logs the line once for all of them.
     """
     keys = ApiKeys.load(profile.auth) if api_keys is None else api_keys
     check_bind(host, keys, profile.auth, insecure_no_auth)
     redact_logs(keys.secrets())
     _log_auth(keys, host)
-    app = create_app(profile, engine_factory, api_keys=keys, host=host)
+    app = create_app(profile, engine_factory, api_keys=keys, host=host, fleet=fleet)
     config = server_config(app, profile, host, port, log_level)  # timeouts, limits, proxies: listener.py
     # SIGTERM/SIGINT drain first (omnivoice.server.drain): nothing new is admitted, in-flight responses
     # get server.drain_timeout_s to finish, the rest is cancelled with a notice; then uvicorn shuts down
-    server = DrainingServer(config, app.state.drain, lambda: in_flight(app.state))
-    serving = asyncio.create_task(server.serve(), name="uvicorn")
+    server = DrainingServer(config, app.state.drain, lambda: in_flight(app.state), own_signals=fleet is None)
+    if fleet is not None:
+        fleet.on_stop(server.stop)  # the supervisor's signals, passed on
+    sockets = [listener] if listener is not None else None
+    serving = asyncio.create_task(server.serve(sockets), name="uvicorn")
     lifecycle: EngineLifecycle = app.state.lifecycle
     settled = asyncio.create_task(lifecycle.wait_settled(), name="engine-ready")
     await asyncio.wait((serving, settled), return_when=asyncio.FIRST_COMPLETED)
     while settled.done() and not server.started and not serving.done():
         await asyncio.sleep(0.01)  # the engine can be up before uvicorn has bound its socket
     ok = settled.done() and settled.result()
-    if ok and server.started:
+    if ok and server.started and fleet is not None:
+        fleet.up()
+    elif ok and server.started:
         bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
         log.info("omnivoice serving %s on http://%s:%d", profile.model.served_name, host, bound)
     elif settled.done() and not ok:

@@ -26,6 +26,8 @@ from omnivoice.engine.process_stats import process_stats, shm_segments
 from omnivoice.server.auth.keys import ANONYMOUS, is_loopback
 from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import APIError
+from omnivoice.server.fleet.member import FleetMember
+from omnivoice.server.fleet.messages import DebugState
 
 TWILIO_PREFIX = "call_"  # TwilioCall ids (and their sessions')
 
@@ -35,7 +37,34 @@ async def debug_state(request: Request) -> Response:
     if not is_loopback(client) and principal_of(request).owner == ANONYMOUS:
         message = "the debug state is served to loopback clients and API keys only"
         raise APIError(403, message, code="forbidden")
+    fleet = request.app.state.fleet
+    if fleet is not None:  # one front end of several: the whole server's, and each front end's
+        return JSONResponse(await fleet_snapshot(request.app.state, fleet))
     return JSONResponse(snapshot(request.app.state))
+
+
+async def fleet_snapshot(state: Any, member: FleetMember) -> dict[str, Any]:
+    """The whole server's state (`snapshot`), its session counts summed over the front ends, with
+    each front end's own part (`front_end_state`) under "front_ends"."""
+    whole = snapshot(state)
+    fronts = [front_end_state(state, member), *(a for a in await member.ask(DebugState()) if a is not None)]
+    fronts.sort(key=lambda f: f["index"])
+    counts = whole["realtime"]
+    for key in ("sessions", "websocket", "webrtc_calls", "twilio_calls"):
+        counts[key] = sum(f["realtime"][key] for f in fronts)
+    whole["front_ends"] = fronts
+    return whole
+
+
+def front_end_state(state: Any, member: FleetMember) -> dict[str, Any]:
+    """One front end's part of the server's state (what it answers the others' DebugState)."""
+    return {
+        "index": member.index,
+        "realtime": realtime_counts(state),
+        "client_secrets": len(state.auth.secrets),
+        "speculative_responses": state.realtime.speculation.wire(),
+        "process": server_process(),
+    }
 
 
 def snapshot(state: Any) -> dict[str, Any]:

@@ -18,10 +18,11 @@ without waiting for anything (uvicorn's force exit).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -111,10 +112,15 @@ class DrainingServer(uvicorn.Server):
     """uvicorn whose first SIGTERM/SIGINT drains (`Drain.run`) before uvicorn's own graceful shutdown.
     The signal is handled, not re-raised at exit (uvicorn's default), so the process exits 0."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, busy: Callable[[], int]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, drain: Drain, busy: Callable[[], int], own_signals: bool = True
+    ) -> None:
+        """`own_signals` False: the process's signals are not this server's (a front end of several,
+        server/fleet/: its supervisor says when to stop, through `stop`)."""
         super().__init__(config)
         self._drain = drain
         self._busy = busy
+        self._own_signals = own_signals
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining: asyncio.Task[None] | None = None
         self.signals = 0
@@ -122,6 +128,18 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if not self._own_signals:
+            yield
+            return
+        with super().capture_signals():
+            yield
+
+    def stop(self) -> None:
+        """As a SIGTERM would: drain first, then cancel what is in flight, then exit at once."""
+        self.handle_exit(signal.SIGTERM, None)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # a signal handler: it runs between two bytecodes of the loop's thread; hand over to the loop

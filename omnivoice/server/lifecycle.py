@@ -13,6 +13,7 @@ from omnivoice.config import Profile
 from omnivoice.engine.api import EngineAPI
 from omnivoice.engine.start_progress import StartProgress
 from omnivoice.server.errors import server_overloaded, service_unavailable, shutting_down
+from omnivoice.server.tally import Tally
 from omnivoice.types import Capacity, EngineStats
 
 if TYPE_CHECKING:
@@ -179,21 +180,32 @@ class Admission:
         limit: int,
         drain: Drain | None = None,
         capacity: Callable[[], Capacity | None] | None = None,
+        tally: Tally | None = None,
     ) -> None:
+        """`tally`: where the counts are kept (server/fleet/shared.py: shared by the front ends of
+        one server, which then admit against the server's limit together)."""
         self.limit = limit
-        self.in_flight = 0
-        self.streams = 0  # promised: open realtime sessions and chat requests with audio in flight
+        self._tally = tally if tally is not None else Tally(("in_flight", "streams"))
         self._drain = drain
         self._capacity = capacity
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet finished (of every front end)."""
+        return int(self._tally["in_flight"])
+
+    @property
+    def streams(self) -> int:
+        """Promised audio streams: open realtime sessions and chat requests with audio in flight."""
+        return int(self._tally["streams"])
 
     def acquire(self) -> Slot:
         """A slot for one request (a chat request, a realtime response)."""
         self._check_draining()
-        if self.in_flight >= self.limit:
+        if not self._tally.add("in_flight", 1, self.limit):
             raise server_overloaded(
                 f"the server is at its limit of {self.limit} concurrent requests; retry shortly"
             )
-        self.in_flight += 1
         return Slot(self, requests=1)
 
     def promise_stream(self) -> Slot:
@@ -207,11 +219,20 @@ class Admission:
         if self._drain is not None and self._drain.draining:
             raise shutting_down()
 
-    def _check_capacity(self) -> None:
+    def _take_stream(self) -> None:
+        """One more promised stream, or 503 server_overloaded if the engine's measured capacity has
+        no room for it (checked and counted as one step, across front ends too)."""
         capacity = self._capacity() if self._capacity is not None else None
-        why = capacity.refusal(self.streams) if capacity is not None else None
-        if why is not None:
-            raise server_overloaded(why)
+        with self._tally.locked():
+            why = capacity.refusal(self.streams) if capacity is not None else None
+            if why is not None:
+                raise server_overloaded(why)
+            self._tally.add("streams", 1)
+
+    def _release(self, requests: int, streams: int) -> None:
+        with self._tally.locked():
+            self._tally.add("in_flight", -requests)
+            self._tally.add("streams", -streams)
 
 
 class Slot:
@@ -227,12 +248,10 @@ class Slot:
         server_overloaded if the engine's measured capacity has no room for it."""
         admission = self._admission
         assert admission is not None, "a released slot takes nothing"
-        admission._check_capacity()
-        admission.streams += 1
+        admission._take_stream()
         self._streams += 1
 
     def release(self) -> None:
         if self._admission is not None:
-            self._admission.in_flight -= self._requests
-            self._admission.streams -= self._streams
+            self._admission._release(self._requests, self._streams)
             self._admission = None

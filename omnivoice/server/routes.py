@@ -7,6 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from omnivoice.server.errors import not_found
+from omnivoice.server.fleet.answers import fleet_metrics
 
 
 async def health(request: Request) -> Response:
@@ -59,4 +60,7 @@ async def get_model(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    fleet = request.app.state.fleet
+    if fleet is not None:  # one front end of several: the whole server's
+        return Response(await fleet_metrics(request.app.state, fleet), media_type=CONTENT_TYPE_LATEST)
     return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -19,17 +19,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import pickle
-import struct
 import threading
 import time
-from collections import deque
 from typing import Any
 
+from omnivoice.engine.connectors.frames import FrameReader, encode, write_all
+
 PIPE_BYTES = 1 << 20
-READ_BYTES = 1 << 20  # taken from the pipe per read
 _SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux; elsewhere the call fails and is skipped
-_LENGTH = struct.Struct("<Q")  # a frame's length, in front of its bytes
 
 
 class PipeConnector:
@@ -42,9 +39,7 @@ class PipeConnector:
             fcntl.fcntl(self._reader.fileno(), _SETPIPE_SZ, pipe_bytes)
         os.set_blocking(self._reader.fileno(), False)
         self._lock = threading.Lock()  # the writers' (threads of the writing process)
-        self._buffer = bytearray()  # the reader's: bytes of a frame not yet whole
-        self._pending: deque[Any] = deque()  # the reader's: messages read, not yet handed out
-        self.ended = False  # the reader saw the writing end close
+        self._frames = FrameReader()  # the reader's
 
     def __getstate__(self) -> dict[str, Any]:
         """What the writing process gets: the writing end (the reading end stays here)."""
@@ -54,7 +49,12 @@ class PipeConnector:
         self.__dict__.update(state)
         self._reader = None
         self._lock = threading.Lock()
-        self._buffer, self._pending, self.ended = bytearray(), deque(), False
+        self._frames = FrameReader()
+
+    @property
+    def ended(self) -> bool:
+        """The reader saw the writing end close."""
+        return self._frames.ended
 
     def put(self, msg: Any) -> None:
         self.put_many([msg])
@@ -62,11 +62,11 @@ class PipeConnector:
     def put_many(self, msgs: list[Any]) -> None:
         """Write `msgs` as one frame; blocks only while the pipe's buffer is full."""
         if msgs:
-            data = pickle.dumps(msgs, protocol=5)
+            header, data = encode(msgs)
             fd = self._writer.fileno()
             with self._lock:
-                _write_all(fd, _LENGTH.pack(len(data)))
-                _write_all(fd, data)
+                write_all(fd, header)
+                write_all(fd, data)
 
     def fileno(self) -> int:
         """The reading end, for an event loop to watch (`loop.add_reader`)."""
@@ -76,35 +76,14 @@ class PipeConnector:
     def read_available(self) -> list[Any]:
         """Every message not handed out yet of the frames that have arrived whole, without waiting;
         sets `ended` once the writing end has closed."""
-        fd = self.fileno()
-        while not self.ended:
-            try:
-                chunk = os.read(fd, READ_BYTES)
-            except BlockingIOError:
-                break
-            if not chunk:
-                self.ended = True
-            self._buffer += chunk
-            if len(chunk) < READ_BYTES:
-                break  # the pipe is empty for now
-        buf, start = self._buffer, 0
-        while len(buf) - start >= _LENGTH.size:
-            (size,) = _LENGTH.unpack_from(buf, start)
-            end = start + _LENGTH.size + size
-            if len(buf) < end:
-                break
-            self._pending.extend(pickle.loads(buf[start + _LENGTH.size : end]))
-            start = end
-        del buf[:start]
-        out = list(self._pending)
-        self._pending.clear()
-        return out
+        return self._frames.read_available(self.fileno())
 
     def get(self, timeout: float | None) -> Any | None:
         """The next message, waiting up to `timeout` for one (a thread's way to read); None if none
         came, or the writing end has closed (then after `timeout`: the caller polls the process)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._pending:
+        pending = self._frames.pending
+        while not pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if self.ended:
                 if left:
@@ -112,10 +91,10 @@ class PipeConnector:
                 return None
             assert self._reader is not None, "the writing process has no reading end"
             if self._reader.poll(left):  # poll(2): no select() limit on the descriptor's number
-                self._pending.extend(self.read_available())
+                pending.extend(self.read_available())
             elif left is not None:
                 return None  # nothing came in time (or only part of a frame)
-        return self._pending.popleft()
+        return pending.popleft()
 
     def drain(self) -> list[Any]:
         return self.read_available()
@@ -133,9 +112,3 @@ class PipeConnector:
             if end is not None:
                 with contextlib.suppress(OSError):
                     end.close()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

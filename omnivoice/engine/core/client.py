@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -76,6 +76,24 @@ REFUSALS: dict[str, type[Exception]] = {
 }
 
 
+class CoreChannel(Protocol):
+    """What the client sends the core through: a core process of its own (engine/core/handle.py), or
+    a link to one shared with other front ends (engine/core/linked.py)."""
+
+    generation: int
+    ready: threading.Event  # set once the core is ready, or has failed to start
+    error: str | None  # why it did not start
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def send(self, msg: Any) -> None: ...
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None: ...
+
+    def stop(self, timeout: float = 60.0) -> None: ...
+
+
 @dataclass
 class _Pending:
     """A request the core is running for a caller here (the event loop's only)."""
@@ -95,7 +113,7 @@ class EngineClient(ModelFront):
         self._load = [0, 0]  # requests in flight here, and those of them with audio
         stages = [profile.stages.stage(s) for s in STAGES]
         self._limits = tuple((s.max_batch + s.max_queue) * s.replicas for s in stages)
-        self._handle: CoreHandle | None = None
+        self._handle: CoreChannel | None = None
         self._generation = 0
         self._budget = RestartBudget()
         self._failure: str | None = None  # the core ended: restarting, or not coming back
@@ -316,7 +334,7 @@ class EngineClient(ModelFront):
 
     # -- where the core is read: its reader thread until attached, then the event loop
 
-    def _on_message(self, handle: CoreHandle, msg: Any) -> None:
+    def _on_message(self, handle: CoreChannel, msg: Any) -> None:
         if handle is not self._handle:
             return  # a replaced core's last words
         if isinstance(msg, CoreOutputs):
@@ -370,7 +388,7 @@ class EngineClient(ModelFront):
         t0 = time.perf_counter()
         old = self._handle
         if old is not None:
-            old.stop(timeout=5.0)
+            old.stop(5.0)
         self._progress = StartProgress()
         handle = self._spawn()
         handle.ready.wait()

@@ -6,6 +6,7 @@ later are forked from it at once (engine/process_start.py)."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +18,15 @@ if TYPE_CHECKING:
 
 
 def core_process_main(
-    profile: Profile, source: Path | DummySource, inbox: Any, outbox: Any, parent: int
+    profile: Profile,
+    source: Path | DummySource,
+    inbox: Any,
+    outbox: Any,
+    parent: int,
+    door: socket.socket | None = None,
 ) -> None:
     """Entry point of the core process; never returns (engine/core/process.py's `run_core`)."""
     start_forkserver(profile.stages)
     from omnivoice.engine.core.process import run_core
 
-    run_core(profile, source, inbox, outbox, parent)
+    run_core(profile, source, inbox, outbox, parent, door)

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import multiprocessing as mp
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -45,14 +46,18 @@ class CoreHandle:
         generation: int,
         on_message: Callable[[CoreHandle, Any], None],
         on_exit: Callable[[CoreHandle], None],
+        door: socket.socket | None = None,
     ) -> None:
+        """`door`: the core's end of a packet socket on which this process hands it, at run time, its
+        ends of links to the server's front-end processes (server/fleet/), which send it requests as
+        this process does (None: this process alone)."""
         ctx = mp.get_context("spawn")
         self.generation = generation
         self.inbox = ShmConnector(ctx)  # client -> core
         self.channel = PipeConnector(ctx)  # core -> client
         self.process = ctx.Process(
             target=core_process_main,
-            args=(profile, source, self.inbox, self.channel, os.getpid()),
+            args=(profile, source, self.inbox, self.channel, os.getpid(), door),
             name=f"omnivoice-core-{generation}",
         )
         self.ready = threading.Event()  # set once the core is ready, or has failed to start

@@ -36,6 +36,7 @@ class CoreOutbox:
         self._items: list[Any] = []  # EngineOutput, or another message to send as it is
         self._cond = threading.Condition()
         self._closed = False
+        self._gone = False  # the client's end was closed
         self._thread = threading.Thread(target=self._run, name="core-outbox", daemon=True)
         self._thread.start()
 
@@ -83,7 +84,11 @@ class CoreOutbox:
                 except Exception:
                     log.exception("could not take the engine's snapshot")
             try:
-                self._channel.put_many(msgs)
+                if not self._gone:
+                    self._channel.put_many(msgs)
+            except (BrokenPipeError, ConnectionResetError):
+                self._gone = True  # the client is gone: whoever reads its end says what follows
+                log.info("the engine client left; its last %d messages were not sent", len(msgs))
             except Exception:
                 log.exception("could not send %d messages to the engine client", len(msgs))
             if closed:

@@ -15,11 +15,15 @@ import asyncio
 import logging
 import os
 import signal
+import socket
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnivoice.config import Profile
+from omnivoice.engine.core.front_links import FrontLinks
 from omnivoice.engine.core.outbox import CoreOutbox
 from omnivoice.engine.gc_policy import freeze_built_objects
 from omnivoice.engine.stage_process import die_with_parent, exit_process
@@ -39,7 +43,7 @@ from omnivoice.messages import (
     NewRequest,
     StartStep,
 )
-from omnivoice.types import EngineOverloaded, EngineUnavailable, SecondsHistogram
+from omnivoice.types import EngineOutput, EngineOverloaded, EngineUnavailable, SecondsHistogram
 
 if TYPE_CHECKING:
     from omnivoice.engine.engine import Engine
@@ -65,9 +69,16 @@ class ForwardedProgress(StartProgress):
         self._outbox.send(msg)
 
 
-def run_core(profile: Profile, source: Path | DummySource, inbox: Any, outbox: Any, parent: int) -> None:
+def run_core(
+    profile: Profile,
+    source: Path | DummySource,
+    inbox: Any,
+    outbox: Any,
+    parent: int,
+    door: socket.socket | None = None,
+) -> None:
     """The core process's life, after its entry (engine/core/entry.py) started the stages' forkserver;
-    never returns."""
+    never returns. `door`: where its links to the server's front ends come in (engine/core/front_links.py)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(parent)
@@ -75,14 +86,16 @@ def run_core(profile: Profile, source: Path | DummySource, inbox: Any, outbox: A
     stacks_on_sigusr1()
     code = 1
     try:
-        code = _serve(profile, source, inbox, outbox)
+        code = _serve(profile, source, inbox, outbox, door)
     except BaseException:
         log.exception("the engine core failed")
     finally:
         exit_process(code, outbox, parent)  # as a stage process ends
 
 
-def _serve(profile: Profile, source: Path | DummySource, inbox: Any, channel: Any) -> int:
+def _serve(
+    profile: Profile, source: Path | DummySource, inbox: Any, channel: Any, door: socket.socket | None
+) -> int:
     from omnivoice.engine.engine import Engine
 
     state: list[Engine] = []
@@ -100,8 +113,17 @@ def _serve(profile: Profile, source: Path | DummySource, inbox: Any, channel: An
         return 1
     state.append(engine)
     freeze_built_objects("engine core")
-    requests = SecondsHistogram("request")  # the client's requests' way here (types.HOPS)
+    requests = SecondsHistogram("request")  # the clients' requests' way here (types.HOPS)
     outbox.snapshots(lambda: _snapshot(engine, requests))
+    lock = threading.Lock()  # one message carried out at a time, whichever link it came on
+
+    def carry_out(msg: Any, to: CoreOutbox, sink: Callable[[EngineOutput], None]) -> None:
+        if isinstance(msg, NewRequest) and msg.sent_at:
+            requests.record(time.monotonic() - msg.sent_at)
+        _carry_out(engine, to, msg, sink)
+
+    fronts = FrontLinks(door, health, lambda: _snapshot(engine, requests), carry_out, engine.cancel, lock)
+    fronts.start()
     outbox.send(CoreReady(os.getpid()))
     log.info("engine core ready (pid %d)", os.getpid())
     try:
@@ -111,22 +133,23 @@ def _serve(profile: Profile, source: Path | DummySource, inbox: Any, channel: An
                 continue
             if isinstance(msg, CloseCore):
                 break
-            if isinstance(msg, NewRequest) and msg.sent_at:
-                requests.record(time.monotonic() - msg.sent_at)
-            _carry_out(engine, outbox, msg)
+            with lock:
+                carry_out(msg, outbox, outbox.output)
     finally:
         asyncio.run(engine.close())
+        fronts.close()
         outbox.close()
     log.info("engine core closed")
     return 0
 
 
-def _carry_out(engine: Engine, outbox: CoreOutbox, msg: Any) -> None:
-    """One of the client's messages (other than CloseCore)."""
+def _carry_out(engine: Engine, outbox: CoreOutbox, msg: Any, sink: Callable[[EngineOutput], None]) -> None:
+    """One of a client's messages (other than CloseCore): its refusals go to `outbox`, the outputs of
+    its request to `sink`."""
     if isinstance(msg, NewRequest):
         rid = msg.request.request_id
         try:
-            engine.submit(msg.request, outbox.output)
+            engine.submit(msg.request, sink)
         except EngineOverloaded as e:
             outbox.send(CoreRefused(rid, "overloaded", str(e)))
         except EngineUnavailable as e:

@@ -44,6 +44,11 @@ class ClientSecrets:
         self._secrets[secret.value] = secret
         return secret
 
+    def add(self, secret: ClientSecret) -> None:
+        """Keep `secret`, issued by another front end of the server (server/fleet/)."""
+        self._purge()
+        self._secrets[secret.value] = secret
+
     def get(self, value: str) -> ClientSecret | None:
         """The live secret `value`, or None (unknown or expired)."""
         secret = self._secrets.get(value)

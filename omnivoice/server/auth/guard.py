@@ -27,6 +27,7 @@ from omnivoice.server.auth.origins import HostPolicy, OriginPolicy
 from omnivoice.server.auth.principal import Principal
 from omnivoice.server.auth.stream_tokens import StreamTokens
 from omnivoice.server.errors import APIError
+from omnivoice.server.tally import Tally
 
 Access = Literal["public", "key", "key_or_secret", "key_or_basic"]
 
@@ -39,13 +40,15 @@ class Auth:
     """App-wide: the keys, the client-secret store, hosts and origins, per-key limits, Twilio stream
     tokens. `own_hosts`: the server's own names (the host it is bound to, its public URL's)."""
 
-    def __init__(self, config: AuthConfig, keys: ApiKeys, own_hosts: Sequence[str] = ()) -> None:
+    def __init__(
+        self, config: AuthConfig, keys: ApiKeys, own_hosts: Sequence[str] = (), tally: Tally | None = None
+    ) -> None:
         self.config = config
         self.keys = keys
         self.secrets = ClientSecrets()
         self.hosts = HostPolicy(config.allowed_hosts, config.allowed_origins, own_hosts)
         self.origins = OriginPolicy(config.allowed_origins)
-        self.limits = KeyLimits(config.rate_limit)
+        self.limits = KeyLimits(config.rate_limit, tally=tally)
         self.failures = AuthFailures(config.max_failed_auth_per_minute)
         self.stream_tokens = StreamTokens()
 

@@ -66,6 +66,10 @@ class ApiKeys:
                 found = kid
         return found
 
+    def owners(self) -> tuple[str, ...]:
+        """Every principal requests can have: each key's id, and `anonymous` (no key configured)."""
+        return (*(kid for _, kid in self._keys), ANONYMOUS)
+
     def secrets(self) -> tuple[str, ...]:
         """The keys themselves: only for redacting them from logs."""
         return tuple(k.decode() for k, _ in self._keys)

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from omnivoice.server.auth.principal import principal_of
 from omnivoice.server.errors import bad_request, read_json_object
+from omnivoice.server.fleet.answers import share_secret
 from omnivoice.server.json_bounds import JsonBounds
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.server_events import session_object
@@ -56,6 +57,7 @@ async def create_client_secret(request: Request) -> Response:
     settings = _check_session(req.session or {}, info.voices, info.default_voice)
     ttl_s = req.expires_after.seconds if req.expires_after else DEFAULT_TTL_S
     secret = state.auth.secrets.issue(req.session or {}, ttl_s, owner=principal_of(request).owner)
+    await share_secret(state.fleet, secret)  # a session may open with it on any front end
     session = session_object(settings, "", info.served_name, beta=False)
     del session["id"]  # a session id is made for each session opened with the secret
     session["expires_at"] = int(secret.expires_at)

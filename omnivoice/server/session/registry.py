@@ -34,6 +34,7 @@ from omnivoice.server.session.intake import IntakeStats
 from omnivoice.server.session.outbox import Outbox
 from omnivoice.server.session.session import Session
 from omnivoice.server.session.speculation import SpeculationStats
+from omnivoice.server.tally import Tally
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +68,17 @@ class Sessions:
         limits: KeyLimits,
         vad: SileroVad | None = None,
         front_door: FrontDoor | None = None,
+        tally: Tally | None = None,
     ) -> None:
+        """`tally`: where the session slots held are counted (shared by the front ends of one
+        server, server/fleet/shared.py, which then hold `realtime.max_sessions` together)."""
         self.profile = profile
         self.config = profile.realtime
         self.sessions: dict[str, Session] = {}
         self._lifecycle = lifecycle
         self.admission = admission
         self._limits = limits
-        self._reserved = 0
+        self._tally = tally if tally is not None else Tally(("sessions",))
         self._vad = vad
         self._vad_lock = asyncio.Lock()
         self.front_door = front_door if front_door is not None else FrontDoor(workers=0)
@@ -98,7 +102,7 @@ class Sessions:
             lease = self._limits.claim_session(owner)
         except RateLimited as e:
             raise SessionRefused("rate_limited", e.message, e.retry_after_s) from None
-        if self._reserved >= self.config.max_sessions:
+        if not self._tally.add("sessions", 1, self.config.max_sessions):
             lease.release()
             limit = self.config.max_sessions
             message = f"the server is at its limit of {limit} realtime sessions; retry later"
@@ -107,10 +111,10 @@ class Sessions:
             stream = self.admission.promise_stream()
         except APIError as e:
             lease.release()
+            self._tally.add("sessions", -1)
             raise SessionRefused(
                 "capacity" if e.code == "server_overloaded" else "unavailable", e.message
             ) from None
-        self._reserved += 1
         return Ticket(self, engine, lease, stream)
 
     @asynccontextmanager
@@ -126,11 +130,12 @@ class Sessions:
 
     @property
     def reserved(self) -> int:
-        """Session slots held (a session, call or Twilio stream that has not yet ended)."""
-        return self._reserved
+        """Session slots held (a session, call or Twilio stream that has not yet ended), by every
+        front end of the server."""
+        return int(self._tally["sessions"])
 
     def _release(self, session_id: str | None) -> None:
-        self._reserved -= 1
+        self._tally.add("sessions", -1)
         if session_id is not None:
             self.sessions.pop(session_id, None)
 

@@ -18,6 +18,8 @@ from starlette.websockets import WebSocket
 from omnivoice.server.auth.guard import Auth
 from omnivoice.server.auth.keys import ANONYMOUS
 from omnivoice.server.auth.stream_tokens import PARAMETER
+from omnivoice.server.fleet.answers import redeem_elsewhere
+from omnivoice.server.fleet.member import FleetMember
 from omnivoice.server.session.ending import CLOSE_POLICY
 from omnivoice.server.telephony import twilio_protocol as tw
 from omnivoice.server.ws_guard import PREAUTH_BYTES, lift_message_limit
@@ -36,19 +38,20 @@ class StreamAuth:
     close_code: int = CLOSE_POLICY  # how to close a refused stream
 
 
-async def stream_owner(websocket: WebSocket, auth: Auth) -> StreamAuth:
+async def stream_owner(websocket: WebSocket, auth: Auth, fleet: FleetMember | None = None) -> StreamAuth:
     """Read the stream's first frames until its `start` says who it is charged to. Without API keys
-    every stream is anonymous and nothing is read."""
+    every stream is anonymous and nothing is read. `fleet`: this is one front end of several, and a
+    token minted by another is redeemed there."""
     if not auth.keys:
         lift_message_limit(websocket.scope)
         return StreamAuth(ANONYMOUS)
-    found = await _read_start(websocket, auth)
+    found = await _read_start(websocket, auth, fleet)
     if found.owner is not None:
         lift_message_limit(websocket.scope)
     return found
 
 
-async def _read_start(websocket: WebSocket, auth: Auth) -> StreamAuth:
+async def _read_start(websocket: WebSocket, auth: Auth, fleet: FleetMember | None) -> StreamAuth:
     frames: list[str | bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
@@ -74,7 +77,8 @@ async def _read_start(websocket: WebSocket, auth: Auth) -> StreamAuth:
         except tw.TwilioProtocolError:
             continue  # the call logs it when it handles the frames
         if isinstance(event, tw.Start):
-            owner = auth.stream_tokens.redeem(event.start.custom_parameters.get(PARAMETER, ""))
+            token = event.start.custom_parameters.get(PARAMETER, "")
+            owner = auth.stream_tokens.redeem(token) or await redeem_elsewhere(fleet, token)
             if owner is None:
                 log.warning("telephony stream %s refused: no live token from the TwiML", event.stream_sid)
             return StreamAuth(owner, frames)

@@ -30,7 +30,7 @@ async def twilio_endpoint(websocket: WebSocket) -> None:
     state = websocket.app.state
     sessions: Sessions = state.realtime
     await websocket.accept()
-    found = await stream_owner(websocket, state.auth)  # small frames only until then (ws_guard)
+    found = await stream_owner(websocket, state.auth, state.fleet)  # small frames only until then (ws_guard)
     owner, early = found.owner, found.frames
     if owner is None:
         with contextlib.suppress(Exception):  # the carrier may be gone already

@@ -25,6 +25,7 @@ from omnivoice.server.errors import (
     server_overloaded,
     service_unavailable,
 )
+from omnivoice.server.fleet.answers import hang_up_elsewhere
 from omnivoice.server.session import protocol as p
 from omnivoice.server.session.registry import SessionRefused
 from omnivoice.server.webrtc.calls import Calls
@@ -74,7 +75,8 @@ def _refusal(e: SessionRefused) -> APIError:
 
 async def hang_up(request: Request) -> Response:
     call_id = request.path_params["call_id"]
-    if not request.app.state.webrtc.hang_up(call_id):
+    state = request.app.state
+    if not state.webrtc.hang_up(call_id) and not await hang_up_elsewhere(state.fleet, call_id):
         raise not_found(f"no call {call_id!r}", param="call_id", code="call_not_found")
     return JSONResponse({})
 

@@ -132,7 +132,7 @@ async def test_client_secrets_open_websocket_sessions_and_are_charged_to_their_k
     async with websockets.connect(ws_url(srv.url), subprotocols=protocols) as ws:  # type: ignore[arg-type]
         created = json.loads(await ws.recv())
         assert created["session"]["instructions"] == "Be brief."
-        assert srv.app.state.auth.limits.sessions == {key_id(OTHER_KEY): 1}
+        assert srv.app.state.auth.limits.open_sessions() == {key_id(OTHER_KEY): 1}
     async with websockets.connect(ws_url(srv.url), additional_headers=bearer(value)) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
 
@@ -143,7 +143,7 @@ async def test_client_secrets_open_webrtc_calls(srv: FakeServer) -> None:
     try:
         created = await call.next("session.created")
         assert created["session"]["instructions"] == "Hi."
-        assert srv.app.state.auth.limits.sessions == {key_id(KEY): 1}
+        assert srv.app.state.auth.limits.open_sessions() == {key_id(KEY): 1}
         r = httpx.post(f"{srv.url}/v1/realtime/calls/{call.call_id}/hangup", headers=bearer(value))
         assert r.status_code == 200
     finally:

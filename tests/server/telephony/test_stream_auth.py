@@ -57,7 +57,7 @@ async def test_a_stream_with_the_twimls_token_is_served_once() -> None:
             await until(lambda: state.realtime.sessions, 4, "the call's session opened")
             (session,) = state.realtime.sessions.values()
             assert session.settings.voice == "chelsie"
-            assert state.auth.limits.sessions == {key_id(KEY): 1}
+            assert state.auth.limits.open_sessions() == {key_id(KEY): 1}
             await carrier.stop()
             await ended(carrier)
         async with call(s.url) as again:  # the token was used up
@@ -73,4 +73,4 @@ async def test_a_stream_without_a_live_token_is_refused(token: str | None) -> No
             await carrier.connected()
             await carrier.start(**({"omnivoice_token": token} if token else {}))
             assert await ended(carrier) == 1008
-        assert not s.app.state.realtime.sessions and not s.app.state.auth.limits.sessions
+        assert not s.app.state.realtime.sessions and not s.app.state.auth.limits.open_sessions()
