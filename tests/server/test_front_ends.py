@@ -5,7 +5,8 @@ on every connection; the session limits (the server's and each key's) hold for t
 whichever front end took each connection; a client secret minted on one front end is held by every
 one; a killed core fails the response in flight, keeps the session, and the next turn is answered by a
 fresh core; a killed front end is started again while a session on the other goes on; and a SIGTERM
-stops the supervisor, the front ends, the core and its stages."""
+stops the supervisor, the front ends, the core and its stages. Twilio stream tokens are redeemed once,
+on whichever front end minted them."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.server.telephony.test_stream_auth import ended, token_of, twiml
 from tests.support.keys import KEY, OTHER_KEY, bearer, ws_url
 from tests.support.polling import until, wait_until
 from tests.support.realtime_client import Recorder
 from tests.support.restart_turns import check_failed_then_answered, interrupted_turn, next_turn
 from tests.support.serve_process import ServeProcess, alive, descendants, running, write_profile
+from tests.support.twilio_carrier import call
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +156,25 @@ async def test_a_client_secret_is_held_by_every_front_end(server: ServeProcess) 
         async with websockets.connect(ws_url(url_of(server)), additional_headers=bearer(value)) as ws:
             created = await first_event(ws)
         assert created["type"] == "session.created" and created["session"]["instructions"] == "Be brief."
+
+
+async def test_twilio_stream_tokens_are_redeemed_once_whichever_front_end_minted_them(
+    server: ServeProcess,
+) -> None:
+    url = url_of(server)
+    tokens = [token_of(twiml(url, auth=("twilio", KEY)).text) for _ in range(3)]
+    for token in tokens:  # each call on a new connection, on either front end
+        async with call(url) as carrier:
+            await carrier.connected()
+            await carrier.start(voice="chelsie", omnivoice_token=token)
+            await until(lambda: state(server)["realtime"]["twilio_calls"] == 1, 30, "the call's session")
+            await carrier.stop()
+            await ended(carrier)
+        await until(lambda: state(server)["realtime"]["reserved_slots"] == 0, 30, "the call's slot released")
+    async with call(url) as again:  # used up, on whichever front end it was minted
+        await again.connected()
+        await again.start(omnivoice_token=tokens[0])
+        assert await ended(again) == 1008
 
 
 @pytest.mark.timeout(900)
