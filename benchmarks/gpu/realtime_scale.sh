@@ -40,6 +40,9 @@
 #                 log's MPS line, each worker's omnivoice_stage_mps_client, nvidia-smi's processes
 #                 (type M+C: an MPS client) and the MPS processes running; PHASE=stop lists those
 #                 still running after the server stopped (none: the engine quit its daemon)
+#   FRONT_ENDS=   PHASE=start serves the profile with `server.front_ends` set to this (a copy of the
+#                 profile in $STATE, as MPS=): that many front-end processes on the port, sharing the
+#                 core; empty: the profile's own
 # Example (the lead's device calls, one after another):
 #   PHASE=start bash benchmarks/gpu/realtime_scale.sh
 #   PHASE=rt SESSIONS="16 32" bash benchmarks/gpu/realtime_scale.sh
@@ -77,6 +80,10 @@ wait_ready() {  # up to $1 seconds
 profile() {  # $1: sessions; what the machine and the server's threads do mid-run
     sleep "${PROF_AFTER:-20}"
     pid=$(cat "$STATE/server.pid")
+    # several front ends: the server's pid is their supervisor's; the first front end is sampled
+    front=$(curl -s "http://127.0.0.1:$PORT/v1/debug/state" | python3 -c \
+        "import json, sys; f = json.load(sys.stdin).get('front_ends'); print(f[0]['process']['pid'] if f else '')")
+    [ -n "$front" ] && pid=$front
     {
         echo "== top, processes"; top -b -n 1 -w 220 | head -25
         echo "== top, the server's threads"; top -H -b -n 1 -w 220 -p "$pid" | head -30
@@ -100,9 +107,13 @@ start)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     fi
     date +%s > "$STATE/t0"
-    if [ -n "${MPS:-}" ]; then
-        python3 -c "import sys, yaml; p = yaml.safe_load(open(sys.argv[1])); p['stages']['mps'] = sys.argv[2]; yaml.safe_dump(p, open(sys.argv[3], 'w'))" \
-            "$PROFILE" "$MPS" "$STATE/profile.yaml" || exit 1
+    if [ -n "${MPS:-}${FRONT_ENDS:-}" ]; then
+        python3 -c "
+import sys, yaml
+p = yaml.safe_load(open(sys.argv[1]))
+if sys.argv[2]: p['stages']['mps'] = sys.argv[2]
+if sys.argv[3]: p.setdefault('server', {})['front_ends'] = int(sys.argv[3])
+yaml.safe_dump(p, open(sys.argv[4], 'w'))" "$PROFILE" "${MPS:-}" "${FRONT_ENDS:-}" "$STATE/profile.yaml" || exit 1
         PROFILE=$STATE/profile.yaml
     fi
     setsid nohup python3 -m omnivoice serve --profile "$PROFILE" --port "$PORT" > "$STATE/r/serve.log" 2>&1 < /dev/null &

@@ -33,12 +33,14 @@ RESPONSE = "omnivoice_realtime_response_seconds"
 PHASES = ("first_text", "first_audio")
 UNDERRUN = "omnivoice_realtime_playback_underrun_seconds"
 ENGINE_FIRST_AUDIO = "omnivoice_realtime_engine_first_audio_seconds"
+FRONT_END = "front_end"  # the label of one front end's samples (server.front_ends > 1)
 STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
 
 
 def scrape(base_url: str, api_key: str | None = None) -> Samples | None:
     """Every sample of `base_url`/metrics (name -> {sorted labels: value}); None if it cannot be read
-    or is not in Prometheus' text format."""
+    or is not in Prometheus' text format. A server of several front ends labels each one's own samples
+    (`front_end`); they are summed here, as the whole server's."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         r = httpx.get(f"{base_url.rstrip('/')}/metrics", headers=headers, timeout=30)
@@ -50,7 +52,9 @@ def scrape(base_url: str, api_key: str | None = None) -> Samples | None:
     try:
         for family in text_string_to_metric_families(r.text):
             for s in family.samples:
-                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != FRONT_END))
+                series = out.setdefault(s.name, {})
+                series[labels] = series.get(labels, 0.0) + s.value if FRONT_END in s.labels else s.value
     except ValueError:  # not Prometheus' text format (another kind of server)
         return None
     return out

@@ -24,6 +24,7 @@ import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
+from omnivoice.bench.server_metrics import scrape as bench_scrape
 from tests.server.telephony.test_stream_auth import ended, token_of, twiml
 from tests.support.keys import KEY, OTHER_KEY, bearer, ws_url
 from tests.support.polling import until, wait_until
@@ -116,6 +117,8 @@ def test_chat_on_many_connections(server: ServeProcess) -> None:
         return sum(v for k, v in rows.items() if dict(k)["status"] == "ok")
 
     wait_until(lambda: ok() >= 6, 30, "six answered requests counted over the front ends")
+    whole = bench_scrape(url_of(server), KEY)  # the benchmarks' reading: the front ends summed
+    assert whole is not None and whole["omnivoice_requests_total"][(("status", "ok"),)] == ok()
 
 
 async def test_the_session_limits_are_the_whole_servers(server: ServeProcess) -> None:
