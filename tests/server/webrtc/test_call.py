@@ -58,7 +58,7 @@ def released(server: ServerThread) -> bool:
     """No call, session, session slot, admitted request or engine request is left."""
     state = server.server.config.app.state
     stats = state.lifecycle.engine.stats()
-    left = (state.webrtc.calls, state.realtime.sessions, state.realtime._reserved, stats.active_requests)
+    left = (state.webrtc.calls, state.realtime.sessions, state.realtime.reserved, stats.active_requests)
     return not any(left) and state.admission.in_flight == 0
 
 

@@ -37,7 +37,7 @@ def post(srv: FakeServer, body: str | bytes, ctype: str = "application/sdp") -> 
 
 def released(srv: FakeServer) -> bool:
     state = srv.app.state
-    return not state.webrtc.calls and not state.realtime.sessions and not state.realtime._reserved
+    return not state.webrtc.calls and not state.realtime.sessions and not state.realtime.reserved
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ async def test_shutdown_closes_calls() -> None:
         state = s.app.state
         assert len(state.webrtc.calls) == 1
     try:  # the server has stopped
-        assert not state.webrtc.calls and not state.realtime.sessions and not state.realtime._reserved
+        assert not state.webrtc.calls and not state.realtime.sessions and not state.realtime.reserved
         assert s.engine.forgotten  # the session was closed (its prefix-cache entry freed)
     finally:
         await call.close()
