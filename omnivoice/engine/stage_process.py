@@ -18,7 +18,10 @@ when the server says so, and never outlives the server.
 - The process ends with `os._exit` once what it sent the server is flushed and its log written: the
   interpreter's own teardown has nothing left to do, and it would report every object frozen out of
   the GC (`gc_policy`) that a C++ extension still counts as alive (Triton's nanobind bindings print a
-  "leaked" report of their objects, types and functions at every worker's exit).
+  "leaked" report of their objects, types and functions at every worker's exit). Only
+  multiprocessing's exit finalizers run before it: they unlink the named semaphores of the queues
+  this process made (the engine core makes its stages' inboxes), which the server's resource tracker
+  would otherwise report as leaked at its shutdown.
 """
 
 from __future__ import annotations
@@ -151,8 +154,22 @@ def exit_process(code: int, engine: Any, parent: int) -> None:
             engine.flush()  # a StageCrashed put just now must reach the server
         except Exception:
             log.exception("could not flush the engine queue")
+    release_semaphores()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed, or its reader is gone
             stream.flush()
     os._exit(code)
+
+
+def release_semaphores() -> None:
+    """Run multiprocessing's exit finalizers, as a normal exit would: among them, unlinking the names of
+    the semaphores this process made (a queue's locks) and telling the resource tracker so. Those of
+    lower priority (joining queues' feeder threads, which could wait on a reader that is gone) do not
+    run. A handle another process holds stays valid: only the name goes."""
+    from multiprocessing import util
+
+    try:
+        util._run_finalizers(0)  # type: ignore[attr-defined]
+    except Exception:
+        log.exception("multiprocessing's exit finalizers failed")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,36 @@ def test_a_killed_server_takes_its_stage_processes_and_forkserver_along(
 
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+class _Flushed:
+    def flush(self) -> None:
+        pass
+
+
+def _queue_then_exit(names: Any, parent: int) -> None:
+    import multiprocessing as mp
+
+    from omnivoice.engine.stage_process import exit_process
+
+    q = mp.get_context("spawn").Queue()
+    q.put("in flight")  # its feeder thread runs
+    names.send([lock._semlock.name for lock in (q._rlock, q._wlock, q._sem)])  # type: ignore[attr-defined]
+    exit_process(0, _Flushed(), parent)
+
+
+def test_a_process_that_ends_with_exit_process_unlinks_its_semaphores() -> None:
+    """The queues an engine core makes for its stages hold named semaphores; exit_process skips the
+    interpreter's teardown, and the server's resource tracker would report them leaked."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_queue_then_exit, args=(theirs, os.getpid()))
+    proc.start()
+    names = mine.recv()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert len(names) == 3 and all(names)
+    left = [n for n in names if Path("/dev/shm", "sem." + n.lstrip("/")).exists()]
+    assert left == [], left
