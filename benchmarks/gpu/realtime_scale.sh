@@ -10,7 +10,8 @@
 #                 wide batches the stages capture while idle after the start), then scrape /metrics
 #                 before any request (the capacity calibrated at start, or the kept calibration)
 #   PHASE=wait    wait for /health again (a start that took longer than one call)
-#   PHASE=rt      `bench realtime` at each of SESSIONS (default "16 32"; then "64", then "100")
+#   PHASE=rt      `bench realtime` at each of SESSIONS (default "16 32"; then "64", then "100"; a count
+#                 given again runs again: "32 32 32", files rt-s32, rt-s32-2, rt-s32-3)
 #   PHASE=chat    `bench` chat completions at each of CHAT (default "32 64"), text input; INPUT=speech
 #                 sends .speech/utt.wav as input_audio instead
 #   PHASE=td      semantic_vad against server_vad (benchmarks/turn_detection.py, issue 30) at each of
@@ -33,7 +34,7 @@
 #                 apart, in prof-s<N>.txt, then 10 s of `py-spy record` samples of its threads
 #                 (collapsed stacks) in record-s<N>.txt (py-spy from .whl/)
 #   BUDGET=520    seconds a call may spend; a bench that would not fit in what is left is not started
-#   PROFILE=configs/h200-dummy.yaml
+#   PROFILE=configs/h200-dummy.yaml   (configs/h100-dummy.yaml on an H100: about 40 sessions)
 #   MPS=          PHASE=start serves the profile with `stages.mps` set to this (auto, on, off: a copy
 #                 of the profile in $STATE); empty: the profile's own (the engine's MPS daemon for the
 #                 stage processes that share a GPU, engine/mps.py). PHASE=start writes mps.txt: the
@@ -151,14 +152,17 @@ rt)
     ready_or_exit
     for n in ${SESSIONS:-16 32}; do
         if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): $n sessions"; continue; fi
-        [ "${PROF:-0}" = 1 ] && profile "$n" &
+        # a count run again (SESSIONS="32 32 32") keeps each run's files: s32, s32-2, s32-3
+        name=s$n; k=2
+        while [ -e "$STATE/r/rt-$name.json" ] || [ -e "$STATE/r/rt-$name.log" ]; do name=s$n-$k; k=$((k + 1)); done
+        [ "${PROF:-0}" = 1 ] && profile "${name#s}" &
         timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-2}" --warmups 1 \
             --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
             --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" --quiet \
-            --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-s$n.json" > "$STATE/r/rt-s$n.log" 2>&1
+            --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-$name.json" > "$STATE/r/rt-$name.log" 2>&1
         wait
-        tail -22 "$STATE/r/rt-s$n.log"
-        scrape "s$n"
+        tail -22 "$STATE/r/rt-$name.log"
+        scrape "$name"
         pack
     done
     ;;
