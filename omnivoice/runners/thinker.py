@@ -39,7 +39,7 @@ from omnivoice.runners.start_steps import StartSteps
 from omnivoice.runners.thinker_audio import ThinkerAudio
 from omnivoice.runners.thinker_inputs import check_audio
 from omnivoice.runners.thinker_outputs import TokenReader
-from omnivoice.runners.thinker_prefill import PrefillAdmission, forward_prefill
+from omnivoice.runners.thinker_prefill import PrefillAdmission, fitting_groups, forward_prefill
 from omnivoice.runners.thinker_seq import Pending, QueuedStep, ThinkerSeq, start_seq, waiting_playback
 from omnivoice.runners.transfer import ReadBack, to_device
 from omnivoice.types import GenerationRequest, Sampling, StageStats
@@ -214,7 +214,15 @@ class ThinkerRunner:
 
     # ---- internals ---------------------------------------------------------------------------
     def _prefill(self, batch: list[Pending]) -> list[Any]:
-        """Prefill the admitted batch, book each request and queue its first token."""
+        """Prefill the admitted batch, in as few forwards as fit the KV slots, book each request and
+        queue its first token."""
+        groups = fitting_groups(batch, self.cfg.max_seq_len)
+        if len(groups) > 1:
+            log.debug("prefill of %d requests in %d forwards (the KV slot length)", len(batch), len(groups))
+        return [out for group in groups for out in self._prefill_group(group)]
+
+    def _prefill_group(self, batch: list[Pending]) -> list[Any]:
+        """Prefill requests together in one forward, book each and queue its first token."""
         accept = self.spec.accept_hidden_layer
         h, kept, lengths = forward_prefill(self.stack, self.cache, batch, accept)
         outs: list[Any] = []

@@ -131,6 +131,23 @@ class PrefillAdmission:
         return Pending(req, slot, reuse, entry if reuse > 0 else None, keys, embeds, images, delta)
 
 
+def fitting_groups(batch: list[Pending], max_len: int) -> list[list[Pending]]:
+    """`batch` in order, cut into groups whose right-padded prefill fits a slot of `max_len`
+    positions: a group writes from its rows' latest start for its longest row's length, so a row on top
+    of a long cached prefix and one with a long new prompt, each fitting alone, overrun it together."""
+    groups: list[list[Pending]] = []
+    start = length = 0
+    for p in batch:
+        n = p.embeds.shape[1]
+        if groups and max(start, p.reuse) + max(length, n) <= max_len:
+            groups[-1].append(p)
+            start, length = max(start, p.reuse), max(length, n)
+        else:
+            groups.append([p])
+            start, length = p.reuse, n
+    return groups
+
+
 def forward_prefill(
     stack: DecoderStack, cache: SlotKVCache, batch: list[Pending], accept: int
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor], list[int]]:

@@ -1,0 +1,82 @@
+"""The thinker's batched prefill keeps within its KV slots: a turn on top of a long cached prefix and a
+long new prompt, each fitting a slot alone, are prefilled in the same step and both answered, with the
+tokens each gets alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnivoice.config import parse_profile
+from omnivoice.messages import NewRequest, StageFinished, TokenOutput
+from omnivoice.models.dummy import NEWLINE_ID
+from omnivoice.runners.factory import build_runners
+from omnivoice.types import GenerationRequest, Prompt, Sampling
+
+SEQ = 128  # the thinker's KV slot length
+LONG = 90  # a cached conversation's length, and a new prompt's: together past SEQ, each alone within it
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_checkpoint: Path):
+    stage = {"device": "cpu", "worker": "thread", "max_batch": 4, "max_seq_len": SEQ}
+    profile = parse_profile(
+        {
+            "model": {"path": str(tiny_checkpoint)},
+            "stages": {
+                "thinker": {**stage, "prefix_cache_entries": 2, "sampling": {"temperature": 0.0}},
+                "talker": stage,
+            },
+        }
+    )
+    return build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))[("thinker", 0)]
+
+
+def _request(rid: str, ids: list[int], key: str | None = None, warm: bool = False) -> GenerationRequest:
+    return GenerationRequest(
+        rid,
+        Prompt(tuple(ids)),
+        want_audio=False,
+        thinker=Sampling(max_tokens=8, min_tokens=8, temperature=0.0),
+        cache_key=key,
+        prefill_only=warm,
+    )
+
+
+def _run(thinker, requests: list[GenerationRequest]) -> tuple[dict[str, list[int]], set[str], int]:
+    """Accept `requests` at once, step to the end: each one's tokens, those that finished, and the
+    largest number of requests one step prefilled."""
+    for r in requests:
+        thinker.accept(NewRequest(r))
+    tokens: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    widest = 0
+    while thinker.has_work():
+        waiting = len(thinker.waiting)
+        for out in thinker.step():
+            if isinstance(out, TokenOutput):
+                tokens.setdefault(out.request_id, []).extend(out.token_ids)
+            elif isinstance(out, StageFinished):
+                finished.add(out.request_id)
+        widest = max(widest, waiting - len(thinker.waiting))
+    return tokens, finished, widest
+
+
+def test_a_cached_turn_and_a_long_prompt_prefill_together_within_the_slots(thinker) -> None:
+    conversation = [NEWLINE_ID + 1 + i % 50 for i in range(LONG)]
+    turn = conversation + [NEWLINE_ID + 2] * 6  # on top of the cached prefix: few new positions
+    other = [NEWLINE_ID + 3 + i % 40 for i in range(LONG)]  # no cached prefix: all new
+
+    alone_other, _, _ = _run(thinker, [_request("other-alone", other)])
+    _run(thinker, [_request("warm-alone", conversation, "a", warm=True)])
+    alone_turn, _, _ = _run(thinker, [_request("turn-alone", turn, "a")])
+
+    _run(thinker, [_request("warm", conversation, "b", warm=True)])
+    tokens, finished, widest = _run(thinker, [_request("turn", turn, "b"), _request("other", other)])
+
+    assert widest == 2, "both were admitted to the same step's prefill"
+    assert {"turn", "other"} <= finished
+    assert tokens["turn"] == alone_turn["turn-alone"]
+    assert tokens["other"] == alone_other["other-alone"]
+    assert thinker.stats().cached_tokens >= 2 * LONG - 2, "both turns reused their conversation's prefix"
