@@ -28,6 +28,8 @@
 # $OUT/r.tgz after every step (a call cut short still returns it): serve.log, start.json,
 # metrics-fresh.txt, rt-s<N>.json/.log, chat-<input>-c<C>.json/.log, metrics-<step>.txt.
 #   TURNS=2 RAMP=6 SPEC=on TOKENS=64 FRAMES=240   as serve_run.sh's; TB=240: one bench's time limit
+#   TURN_TIMEOUT=45  a turn unanswered this long fails ('timeout') and the bench goes on, so a stuck
+#                 turn is counted, not the whole run lost to TB; each turn's line is in rt-<name>.log
 #   CLIENTS=0     the bench's --client-processes (0: one per 32 sessions, at most half the cores)
 #   PROF=1        during each rt run, after PROF_AFTER=20 s: the machine's busiest processes and the
 #                 server's busiest threads (top), and two `py-spy dump --native` of the server 3 s
@@ -158,8 +160,9 @@ rt)
         [ "${PROF:-0}" = 1 ] && profile "${name#s}" &
         timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-2}" --warmups 1 \
             --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
-            --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" --quiet \
-            --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-$name.json" > "$STATE/r/rt-$name.log" 2>&1
+            --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
+            --turn-timeout-s "${TURN_TIMEOUT:-45}" --client-processes "${CLIENTS:-0}" \
+            --output-json "$STATE/r/rt-$name.json" > "$STATE/r/rt-$name.log" 2>&1
         wait
         tail -22 "$STATE/r/rt-$name.log"
         scrape "$name"

@@ -92,6 +92,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="speculative responses (start a turn's response when the speech pauses): a run with them "
         "on, then one off (both), one run (on, off), or one run as the server's profile has it",
     )
+    a(
+        "--turn-timeout-s",
+        type=float,
+        default=120.0,
+        help="a turn with no response.done (or error) this long after its speech ended counts as "
+        "failed ('timeout') and the session goes on to its next turn",
+    )
     a("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     a("--output-json", type=Path, default=None, help="write the report as JSON here")
     a("--machine", default=None, help="machine description for the report (default: read off this host)")
@@ -238,10 +245,11 @@ def _run_table(s: dict[str, Any], speculation: dict[str, float] | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """0 if at least one measured turn got audio, 1 if none did, 2 on bad options."""
-    if args.sessions < 1 or args.turns < 1 or args.warmups < 0 or args.client_processes < 0:
+    counts = args.sessions < 1 or args.turns < 1 or args.warmups < 0 or args.client_processes < 0
+    if counts or not args.turn_timeout_s > 0:
         print(
             "omnivoice bench realtime: --sessions and --turns must be >= 1, --warmups and "
-            "--client-processes >= 0",
+            "--client-processes >= 0, --turn-timeout-s > 0",
             file=sys.stderr,
         )
         return 2
@@ -268,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens,
         audio_frames=args.audio_frames,
         api_key=args.api_key,
+        turn_timeout_s=args.turn_timeout_s,
         speculative=next(iter(modes.values())),
     )
 

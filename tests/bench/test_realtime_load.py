@@ -18,6 +18,7 @@ from omnivoice.bench.realtime_load import (
     TurnRecord,
     run_realtime_load,
 )
+from omnivoice.cli import main
 
 SPEECH = b"\x10\x00" * (RATE // 10)  # 100 ms of non-silent pcm16
 
@@ -121,3 +122,10 @@ def test_any_other_refused_update_fails_the_session_before_it_speaks() -> None:
     assert len(records) == 1 and records[0].turn == -1
     assert records[0].error is not None and "session.omnivoice.output_audio_frames" in records[0].error
     assert server.accepted == [] and server.appends_before_update == 0
+
+
+def test_bad_options_exit_2(capsys) -> None:
+    for bad in (["--sessions", "0"], ["--turn-timeout-s", "0"]):
+        assert main(["bench", "realtime", *bad]) == 2
+    err = capsys.readouterr().err
+    assert "--sessions" in err and "--turn-timeout-s > 0" in err
