@@ -54,7 +54,7 @@ def test_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize("name", ["cpu.yaml", "h200.yaml"])
+@pytest.mark.parametrize("name", ["cpu.yaml", "h200.yaml", "h200-dummy.yaml", "h100-dummy.yaml"])
 def test_profile_check_shipped_profiles(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = ROOT / "configs" / name
     assert main(["profile", "check", str(path)]) == 0
