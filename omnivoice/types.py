@@ -301,6 +301,7 @@ class StageStats:
     # the worker is a process on a GPU that was started as a client of an MPS daemon (engine/mps.py)
     mps_client: bool = False
     gpu_utilization: float | None = None
+    gpu_busy_s: float | None = None  # its device's utilisation integrated over time (step_clock.py)
     graphs_pending: int = 0  # CUDA graphs left for after the start, not captured yet (graph_backlog)
 
     @property
@@ -331,6 +332,7 @@ class StageStats:
             ingest_s=sum(p.ingest_s for p in parts),
             ingested=sum(p.ingested for p in parts),
             gpu_utilization=max((g for p in parts if (g := p.gpu_utilization) is not None), default=None),
+            gpu_busy_s=max((g for p in parts if (g := p.gpu_busy_s) is not None), default=None),
             graphs_pending=sum(p.graphs_pending for p in parts),
         )
 

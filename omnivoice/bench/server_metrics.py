@@ -119,7 +119,7 @@ def stage_breakdown(before: Samples, after: Samples, seconds: float) -> dict[str
     steps = delta("omnivoice_stage_steps_total")
     spent = {key: delta(f"omnivoice_stage_{key}_seconds_total") for key in STAGE_SECONDS}
     ingested = delta("omnivoice_stage_ingested_messages_total")
-    gpu = _by_stage(after, "omnivoice_stage_gpu_utilization_percent")
+    gpu_busy = delta("omnivoice_stage_gpu_busy_seconds_total")
     out: dict[str, dict[str, float | None]] = {}
     for stage, n in steps.items():
         busy = spent["busy"].get(stage, 0.0)
@@ -132,7 +132,10 @@ def stage_breakdown(before: Samples, after: Samples, seconds: float) -> dict[str
             "blocked_share_of_step": spent["step_blocked"].get(stage, 0.0) / busy if busy else None,
             "ingest_share": spent["ingest"].get(stage, 0.0) / seconds if seconds > 0 else None,
             "messages": ingested.get(stage, 0.0),
-            "gpu_utilization_percent": gpu.get(stage),
+            # the run's mean, from the busy-seconds counter (None: no GPU figure)
+            "gpu_utilization_percent": (
+                100.0 * gpu_busy[stage] / seconds if stage in gpu_busy and seconds > 0 else None
+            ),
         }
     return out
 

@@ -387,6 +387,7 @@ class StageWorker:
                     ingest_s=self._ingest_s,
                     ingested=self._ingested,
                     gpu_utilization=self._gpu.read(),
+                    gpu_busy_s=self._gpu.busy_s,
                     mps_client=self._mps_client,
                 )
             )

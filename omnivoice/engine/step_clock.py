@@ -14,13 +14,17 @@ Reading the figures costs a `pread` of a small proc file (a couple of microsecon
 step. Where the file is missing (not Linux) the CPU time is the thread's own clock and the runnable
 wait counts as 0 (it then lands in "blocked").
 
-`GpuUtilization` samples the device's utilisation (NVML through torch) at most once a second.
+`GpuUtilization` samples the device's utilisation (NVML through torch) at most once a second, and
+adds each sample times the time since the one before into the device's busy seconds: a counter whose
+difference over a run, divided by its length, is the run's mean utilisation (the gauge alone says only
+what the last second was, idle by the time a run's last scrape reads it).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,24 +67,47 @@ class ThreadClock:
 
 class GpuUtilization:
     """The utilisation (percent of the last sample period a kernel ran) of `device`, sampled at most
-    every GPU_SAMPLE_S; None on a CPU, or where NVML cannot be read (no pynvml, no driver)."""
+    every GPU_SAMPLE_S, and its integral over time; None on a CPU, or where NVML cannot be read (no
+    pynvml, no driver). `sample` reads the percentage (default: `torch.cuda.utilization`)."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(
+        self,
+        device: Any,
+        sample: Callable[[str], float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         text = str(device) if device is not None else ""
         self._device = text if text.startswith("cuda") else None
+        self._sample = sample or _torch_utilization
+        self._clock = clock
         self._value: float | None = None
-        self._next = 0.0
+        self._sampled_at: float | None = None
+        self._busy_s = 0.0
 
     def read(self) -> float | None:
+        """The latest sample, taking a new one if GPU_SAMPLE_S has passed."""
         if self._device is None:
             return None
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + GPU_SAMPLE_S
+        now = self._clock()
+        if self._sampled_at is None or now - self._sampled_at >= GPU_SAMPLE_S:
             try:
-                import torch
-
-                self._value = float(torch.cuda.utilization(self._device))
+                value = float(self._sample(self._device))
             except Exception:  # no NVML here: stop asking
                 self._device, self._value = None, None
+                return None
+            if self._sampled_at is not None:  # the sample stands for the time since the last one
+                self._busy_s += value / 100.0 * (now - self._sampled_at)
+            self._value, self._sampled_at = value, now
         return self._value
+
+    @property
+    def busy_s(self) -> float | None:
+        """Seconds the device ran a kernel since the first sample, as its samples tell; None where
+        there is no figure."""
+        return None if self._device is None else self._busy_s
+
+
+def _torch_utilization(device: str) -> float:
+    import torch
+
+    return float(torch.cuda.utilization(device))

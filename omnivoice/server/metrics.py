@@ -141,6 +141,12 @@ def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
     gpu = GaugeMetricFamily(
         "omnivoice_stage_gpu_utilization_percent", "Utilisation of a stage's GPU (NVML)", labels=["stage"]
     )
+    gpu_busy = CounterMetricFamily(
+        "omnivoice_stage_gpu_busy_seconds",
+        "Time a kernel ran on a stage's GPU: its NVML utilisation integrated over time (a stage of several "
+        "replicas: its busiest replica's GPU)",
+        labels=["stage"],
+    )
     for s in stages:
         blocked = max(0.0, s.busy_s - s.step_cpu_s - s.step_runnable_s)
         values = (s.busy_s, s.step_cpu_s, s.step_runnable_s, blocked, s.ingest_s)
@@ -149,7 +155,9 @@ def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
         ingested.add_metric([s.name], s.ingested)
         if s.gpu_utilization is not None:
             gpu.add_metric([s.name], s.gpu_utilization)
-    yield from (*families, ingested, gpu)
+        if s.gpu_busy_s is not None:
+            gpu_busy.add_metric([s.name], s.gpu_busy_s)
+    yield from (*families, ingested, gpu, gpu_busy)
 
 
 def _hop_metrics(hops: tuple[SecondsHistogram, ...]) -> HistogramMetricFamily:

@@ -47,7 +47,12 @@ def test_breakdown_is_the_difference_over_the_run() -> None:
     assert talker["steps"] == 100 and talker["busy_share"] == pytest.approx(0.2)
     assert talker["step_ms"] == pytest.approx(20) and talker["host_ms_per_step"] == pytest.approx(10)
     assert talker["blocked_share_of_step"] == pytest.approx(0.5)
-    assert talker["gpu_utilization_percent"] is None
+    assert talker["gpu_utilization_percent"] is None  # no GPU counter: no figure
+    before["omnivoice_stage_gpu_busy_seconds_total"] = {(("stage", "talker"),): 5.0}
+    after["omnivoice_stage_gpu_busy_seconds_total"] = {(("stage", "talker"),): 8.0}
+    with_gpu = breakdown(before, after, seconds=10.0)
+    assert with_gpu is not None
+    assert with_gpu["stages"]["talker"]["gpu_utilization_percent"] == pytest.approx(30)
     assert b["capacity_streams"] == {"before": 16.0, "after": 16.0}
     assert breakdown(None, after, 10.0) is None
 

@@ -62,6 +62,7 @@ def test_a_fresh_server_knows_its_capacity_from_its_calibration(
             assert m["omnivoice_stage_step_blocked_seconds_total"][labels] >= 0
         assert all(v > 0 for v in m["omnivoice_stage_ingested_messages_total"].values())
         assert "omnivoice_stage_gpu_utilization_percent" not in m  # a CPU: no figure
+        assert "omnivoice_stage_gpu_busy_seconds_total" not in m
         lag = m["omnivoice_event_loop_lag_seconds_count"][()]
         assert lag > 0
         again = scrape(st.base_url)
