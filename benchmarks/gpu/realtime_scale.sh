@@ -25,8 +25,9 @@
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
 # spoken question made with espeak-ng on the CPU machine). Everything measured so far is packed into
-# $OUT/r.tgz after every step (a call cut short still returns it): serve.log, start.json,
-# metrics-fresh.txt, rt-s<N>.json/.log, chat-<input>-c<C>.json/.log, metrics-<step>.txt.
+# $OUT/r.tgz (r-<name>.tgz for STATE=/tmp/<name>) after every step (a call cut short still returns
+# it): serve.log, start.json, metrics-fresh.txt, rt-s<N>.json/.log, chat-<input>-c<C>.json/.log,
+# metrics-<step>.txt.
 #   TURNS=2 RAMP=6 SPEC=on TOKENS=64 FRAMES=240   as serve_run.sh's; TB=240: one bench's time limit
 #   TURN_TIMEOUT=45  a turn unanswered this long fails ('timeout') and the bench goes on, so a stuck
 #                 turn is counted, not the whole run lost to TB; each turn's line is in rt-<name>.log
@@ -66,7 +67,10 @@ mkdir -p "$STATE/r"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # the GPU image has no aiortc or PyAV: the server imports stand-ins there (WebRTC is not served)
 python3 -c "import aiortc, av" 2>/dev/null || { mkdir -p /tmp/site && cp -r benchmarks/gpu/stubs/aiortc benchmarks/gpu/stubs/av /tmp/site/; }
-pack() { mkdir -p "$OUT" && (cd "$STATE" && tar czf "$OUT/r.tgz.part" r && mv "$OUT/r.tgz.part" "$OUT/r.tgz"); }
+# one tarball per STATE (r.tgz for the default, r-<name>.tgz for STATE=/tmp/<name>), so a call that
+# drives two servers one after the other brings back both
+TGZ=r.tgz; [ "$STATE" != /tmp/rtscale ] && TGZ=r-$(basename "$STATE").tgz
+pack() { mkdir -p "$OUT" && (cd "$STATE" && tar czf "$OUT/$TGZ.part" r && mv "$OUT/$TGZ.part" "$OUT/$TGZ"); }
 healthy() { python3 -c "import urllib.request as u; u.urlopen('$URL/health', timeout=2)" 2>/dev/null; }
 graphs_left() { python3 -c "import urllib.request as u, sys; sys.exit(b'graphs_pending' not in u.urlopen('$URL/health', timeout=2).read())" 2>/dev/null; }
 alive() { [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; }
