@@ -98,6 +98,9 @@ class ThinkerRunner:
         self.admission = PrefillAdmission(thinker, spec, cfg, device, self.cache, self.prefix, self.audio)
         self.reader = TokenReader(self.sampler, self.constraints, self.policy, spec.tool_call_id)
         self.running: dict[str, ThinkerSeq] = {}
+        # this step's prefill batch until each of its forwards is done (None: still being admitted): a
+        # step failing in its prefill fails these, not the running rows its decode had not reached
+        self._prefill_batch: dict[str, Pending | None] = {}
         self._steps = 0
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
@@ -149,9 +152,15 @@ class ThinkerRunner:
         self.admission.drop(request_id)
         self.constraints.drop(request_id)
         self.audio.drop(request_id)
+        in_prefill = request_id in self._prefill_batch
+        pending = self._prefill_batch.pop(request_id, None)
         seq = self.running.pop(request_id, None)
-        if seq is not None:
+        if seq is not None and not in_prefill:
             self._retire(seq)  # a barged-in answer still leaves a reusable prefix
+        elif seq is not None:  # its prefill failed: its slot holds nothing to keep
+            self._release(seq.slot)
+        elif pending is not None:
+            self._release(pending.slot)
 
     def has_work(self) -> bool:
         return bool(self._queued) or bool(self._decoding()) or self._can_admit() or self.audio.has_work()
@@ -170,6 +179,8 @@ class ThinkerRunner:
         return [s for s in self.running.values() if s.sampled < s.max_tokens]
 
     def active_ids(self) -> list[str]:
+        if self._prefill_batch:  # it failed admitting or prefilling these, before the running rows'
+            return list(self._prefill_batch)  # decode and after the waiting requests' audio was encoded
         # with the waiting requests whose audio a step encodes: a step that fails fails them too
         return [*self.running, *self.audio.planned_ids()]
 
@@ -201,7 +212,8 @@ class ThinkerRunner:
         self._last_batch = 0  # the decode batch of this step (none: a step of prefills or read-backs)
         self._prefilled = False
         # new requests first, prefilled together: their first token is on the time-to-first-audio path
-        batch = self.admission.admit(self.policy, len(self.running))
+        self._prefill_batch = {}
+        batch = self.admission.admit(self.policy, len(self.running), self._prefill_batch)
         if batch:
             self._prefilled = True
             outs += self._prefill(batch)
@@ -219,7 +231,12 @@ class ThinkerRunner:
         groups = fitting_groups(batch, self.cfg.max_seq_len)
         if len(groups) > 1:
             log.debug("prefill of %d requests in %d forwards (the KV slot length)", len(batch), len(groups))
-        return [out for group in groups for out in self._prefill_group(group)]
+        outs: list[Any] = []
+        for group in groups:
+            outs += self._prefill_group(group)
+            for p in group:  # done: a later failure of this step is not theirs
+                del self._prefill_batch[p.request.request_id]
+        return outs
 
     def _prefill_group(self, batch: list[Pending]) -> list[Any]:
         """Prefill requests together in one forward, book each and queue its first token."""

@@ -67,16 +67,23 @@ class PrefillAdmission:
         room = self.cache.free_slots > 0 or len(self.prefix) > 0
         return bool(self.waiting) and running < self.cfg.max_batch and room
 
-    def admit(self, policy: PlaybackPolicy, running: int) -> list[Pending]:
+    def admit(
+        self, policy: PlaybackPolicy, running: int, admitted: dict[str, Pending | None]
+    ) -> list[Pending]:
         """This step's prefill batch, beside `running` requests: the waiting requests in playback
-        order while they fit, after this step's share of their audio is encoded."""
+        order while they fit, after this step's share of their audio is encoded. Each is entered in
+        `admitted` as it leaves the queue (None until its slot and inputs are made), so a failure
+        while admitting it or prefilling the batch is known to be theirs."""
         if len(self.waiting) > 1:
             self.waiting = deque(policy.order(self.waiting, waiting_playback))
         self.audio.step(self.waiting, self._clips)
         batch: list[Pending] = []
         budget = self.cfg.max_prefill_tokens
         while self.can_admit(running + len(batch)) and self._next_fits(budget if batch else None):
-            batch.append(self._admit(self.waiting.popleft()))
+            req = self.waiting.popleft()
+            admitted[req.request_id] = None
+            batch.append(self._admit(req))
+            admitted[req.request_id] = batch[-1]
             budget -= batch[-1].embeds.shape[1]
         return batch
 
@@ -117,6 +124,16 @@ class PrefillAdmission:
             if self.cache.free_slots == 0:
                 self.prefix.evict_one()
             slot = self.cache.alloc()
+        try:
+            return self._inputs(req, slot, reuse, entry, keys)
+        except BaseException:
+            self.cache.release(slot)  # the request fails: its slot (and any cached prefix in it) is lost
+            raise
+
+    def _inputs(
+        self, req: GenerationRequest, slot: int, reuse: int, entry: PrefixEntry | None, keys: list
+    ) -> Pending:
+        """`req`'s new embeddings (and images) on top of the `reuse` cached positions in `slot`."""
         # the cached part may have shrunk since the audio was planned (its entry evicted): encode the rest
         if self.audio.plan(req, needed_clips(req.prompt, self.spec.audio_pad_id, reuse)):
             self.audio.encode_now(req.request_id)

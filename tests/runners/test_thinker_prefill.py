@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from omnivoice.config import parse_profile
 from omnivoice.messages import NewRequest, StageFinished, TokenOutput
@@ -80,3 +81,54 @@ def test_a_cached_turn_and_a_long_prompt_prefill_together_within_the_slots(think
     assert tokens["turn"] == alone_turn["turn-alone"]
     assert tokens["other"] == alone_other["other-alone"]
     assert thinker.stats().cached_tokens >= 2 * LONG - 2, "both turns reused their conversation's prefix"
+
+
+def _tokens(outs: list, into: dict[str, list[int]]) -> None:
+    for out in outs:
+        if isinstance(out, TokenOutput):
+            into.setdefault(out.request_id, []).extend(out.token_ids)
+
+
+def _fail_prompts(module: torch.nn.Module):
+    """A fault in `module` whenever it takes more than one position (a prompt, not a decode step)."""
+
+    def hook(mod, args):
+        if args[0].shape[1] > 1:
+            raise RuntimeError("injected prefill fault")
+
+    return module.register_forward_pre_hook(hook)
+
+
+# where the fault strikes: in the batch's forward (both new requests admitted), or while the first of
+# them is admitted (its embeddings: the second is still waiting)
+@pytest.mark.parametrize("where", ["forward", "admission"])
+def test_a_failed_prefill_fails_its_batch_not_the_running_rows(thinker, where: str) -> None:
+    first = [NEWLINE_ID + 1 + i % 30 for i in range(40)]
+    alone, _, _ = _run(thinker, [_request("alone", first)])
+    slots = thinker.cache.free_slots + len(thinker.prefix)
+
+    got: dict[str, list[int]] = {}
+    thinker.accept(NewRequest(_request("running", first)))
+    _tokens(thinker.step(), got)
+    assert "running" in thinker.running
+    module = thinker.stack.layers[0].mlp if where == "forward" else thinker.embed
+    hook = _fail_prompts(module)
+    try:
+        for rid, n in (("new-1", 30), ("new-2", 50)):
+            thinker.accept(NewRequest(_request(rid, [NEWLINE_ID + 2 + i % 20 for i in range(n)])))
+        with pytest.raises(RuntimeError, match="injected prefill fault"):
+            thinker.step()
+        failed = thinker.active_ids()
+        for rid in failed:  # as the stage fails the step's requests
+            thinker.abort(rid)
+    finally:
+        hook.remove()
+    assert failed == (["new-1", "new-2"] if where == "forward" else ["new-1"])
+    assert "running" in thinker.running
+    assert thinker.cache.free_slots + len(thinker.prefix) == slots - 1, "only the running row holds one"
+
+    while thinker.has_work():
+        _tokens(thinker.step(), got)
+    assert got["running"] == alone["alone"], "the running request went on as if nothing happened"
+    assert ("new-2" in got) == (where == "admission"), "a request still waiting was not failed"
+    assert thinker.cache.free_slots + len(thinker.prefix) == slots, "every slot came back"
