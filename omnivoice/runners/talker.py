@@ -107,6 +107,9 @@ class TalkerRunner:
         # read a step's results back after queuing the next one
         self.overlap = device.type == "cuda" if cfg.overlap is None else cfg.overlap
         self.seqs: dict[str, TalkerSeq] = {}
+        # the requests this step is prefilling, until it is done: a step failing there fails these (the
+        # running rows' decode had not run), whether or not they had a slot yet
+        self._starting: list[str] = []
         self._queued: ReadBack[QueuedStep] = ReadBack()
         self.reader = FrameReader(self.sampler, spec.num_code_groups)
         self._steps = 0
@@ -164,6 +167,8 @@ class TalkerRunner:
         return self.policy.urgency(ready)
 
     def active_ids(self) -> list[str]:
+        if self._starting:
+            return list(self._starting)
         return [rid for rid, s in self.seqs.items() if s.slot >= 0]
 
     def stats(self) -> StageStats:
@@ -180,6 +185,7 @@ class TalkerRunner:
         """One step: prefill the requests that start (in playback order, as slots allow), a frame of
         each running one (without the AHEAD ones when `defer_ahead`), read back what is due."""
         outs: list[Any] = []
+        self._starting = []
         running = [s for s in self.seqs.values() if s.slot >= 0 and s.ready()]
         batch = self.policy.select(running, _playback, defer_ahead)
         starting = [s for s in self.seqs.values() if s.slot < 0 and s.ready()]
@@ -189,7 +195,9 @@ class TalkerRunner:
         self._prefilled = False
         if starting:
             self._prefilled = True
+            self._starting = [s.request.request_id for s in starting]
             outs += self._prefill(starting)  # new requests together, in one forward
+            self._starting = []
         if batch:
             self._decode(batch)
         self._steps += 1
