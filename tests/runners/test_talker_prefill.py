@@ -11,25 +11,17 @@ import numpy as np
 import pytest
 
 from omnivoice.bench.engine_load import EngineLoadConfig, make_requests
-from omnivoice.config import parse_profile
 from omnivoice.messages import CodecChunk, NewRequest, ThinkerChunk
 from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners import talker as talker_module
 from omnivoice.runners.factory import build_runners
+from tests.support.engine import profile_for
 
 
 @pytest.fixture(scope="module")
 def built(tiny_checkpoint: Path):
-    stage = {"device": "cpu", "worker": "thread", "max_batch": 4, "max_seq_len": 512}
-    profile = parse_profile(
-        {
-            "model": {"path": str(tiny_checkpoint)},
-            "stages": {
-                "thinker": {**stage, "sampling": {"temperature": 0.0}},
-                "talker": {**stage, "sampling": {"temperature": 0.0}},
-            },
-        }
-    )
+    greedy = {"device": "cpu", "sampling": {"temperature": 0.0}}
+    profile = profile_for(tiny_checkpoint, thinker=greedy, talker=greedy)
     runners = build_runners(profile, tiny_checkpoint, only=(("thinker", 0), ("talker", 0)))
     thinker, talker = runners[("thinker", 0)], runners[("talker", 0)]
     cfg = EngineLoadConfig(3, 3, 0, prompt_tokens=16, text_tokens=6, audio_frames=12)

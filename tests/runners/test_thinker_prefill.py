@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnivoice.config import parse_profile
 from omnivoice.messages import NewRequest, StageFinished, TokenOutput
 from omnivoice.models.dummy import NEWLINE_ID
 from omnivoice.runners.factory import build_runners
 from omnivoice.types import GenerationRequest, Prompt, Sampling
+from tests.support.engine import profile_for
 
 SEQ = 128  # the thinker's KV slot length
 LONG = 90  # a cached conversation's length, and a new prompt's: together past SEQ, each alone within it
@@ -21,16 +21,8 @@ LONG = 90  # a cached conversation's length, and a new prompt's: together past S
 
 @pytest.fixture(scope="module")
 def thinker(tiny_checkpoint: Path):
-    stage = {"device": "cpu", "worker": "thread", "max_batch": 4, "max_seq_len": SEQ}
-    profile = parse_profile(
-        {
-            "model": {"path": str(tiny_checkpoint)},
-            "stages": {
-                "thinker": {**stage, "prefix_cache_entries": 2, "sampling": {"temperature": 0.0}},
-                "talker": stage,
-            },
-        }
-    )
+    greedy = {"device": "cpu", "prefix_cache_entries": 2, "sampling": {"temperature": 0.0}}
+    profile = profile_for(tiny_checkpoint, max_seq_len=SEQ, thinker=greedy, talker={"device": "cpu"})
     return build_runners(profile, tiny_checkpoint, only=(("thinker", 0),))[("thinker", 0)]
 
 
