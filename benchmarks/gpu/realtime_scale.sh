@@ -214,7 +214,7 @@ fault)
     timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-4}" --warmups 1 \
         --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
         --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
-        --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-fault-s$n.json" > "$STATE/r/rt-fault-s$n.log" 2>&1 &
+        --turn-timeout-s "${TURN_TIMEOUT:-45}" --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-fault-s$n.json" > "$STATE/r/rt-fault-s$n.log" 2>&1 &
     bench=$!
     sleep "${FAULT_AFTER:-45}"
     stage=${FAULT_STAGE:-talker}
