@@ -44,14 +44,23 @@ async def debug_state(request: Request) -> Response:
 
 
 async def fleet_snapshot(state: Any, member: FleetMember) -> dict[str, Any]:
-    """The whole server's state (`snapshot`), its session counts summed over the front ends, with
-    each front end's own part (`front_end_state`) under "front_ends"."""
-    whole = snapshot(state)
+    """The whole server's state (`snapshot`), with each front end's own part (`front_end_state`)
+    under "front_ends" and what they hold apart summed over them (`sum_front_ends`)."""
     fronts = [front_end_state(state, member), *(a for a in await member.ask(DebugState()) if a is not None)]
-    fronts.sort(key=lambda f: f["index"])
+    return sum_front_ends(snapshot(state), fronts)
+
+
+def sum_front_ends(whole: dict[str, Any], fronts: list[dict[str, Any]]) -> dict[str, Any]:
+    """`whole` (one front end's `snapshot`) made the server's: the realtime session counts and the
+    speculative responses summed over `fronts` (each front end's `front_end_state`), which it then
+    lists in index order under "front_ends"."""
+    fronts = sorted(fronts, key=lambda f: f["index"])
     counts = whole["realtime"]
     for key in ("sessions", "websocket", "webrtc_calls", "twilio_calls"):
         counts[key] = sum(f["realtime"][key] for f in fronts)
+    whole["speculative_responses"] = {
+        key: sum(f["speculative_responses"][key] for f in fronts) for key in whole["speculative_responses"]
+    }
     whole["front_ends"] = fronts
     return whole
 

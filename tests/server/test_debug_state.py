@@ -1,12 +1,16 @@
-"""`GET /v1/debug/state` and its /metrics gauges: sessions, engine tables and process figures."""
+"""`GET /v1/debug/state` and its /metrics gauges: sessions, engine tables and process figures; with
+several front ends, the counts each holds apart summed into the server's."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import httpx
 from starlette.testclient import TestClient
 
 from omnivoice.config import parse_profile
 from omnivoice.server import create_app
+from omnivoice.server.debug_state import sum_front_ends
 from tests.support.fake_engine import FakeEngine, serve_fake
 
 
@@ -60,3 +64,25 @@ def test_state_is_refused_to_other_than_loopback_clients() -> None:
     with TestClient(app, base_url="http://localhost") as client:  # its client address is "testclient"
         r = client.get("/v1/debug/state")
     assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden"
+
+
+def _front(index: int, sessions: int, started: int, dropped: int, wasted_s: float) -> dict[str, Any]:
+    counts = {"sessions": sessions, "websocket": sessions, "webrtc_calls": 0, "twilio_calls": 0}
+    speculation: dict[str, float] = {"started": started, "confirmed": started - dropped, "dropped": dropped}
+    speculation |= {"wasted_tokens": 3 * dropped, "wasted_audio_seconds": wasted_s}
+    return {"index": index, "realtime": counts | {"reserved_slots": 0}, "speculative_responses": speculation}
+
+
+def test_several_front_ends_report_their_sessions_and_speculations_summed() -> None:
+    fronts = [_front(1, 2, 5, 1, 0.25), _front(0, 3, 7, 4, 1.5)]
+    whole = {
+        "realtime": dict(fronts[1]["realtime"]),
+        "speculative_responses": dict(fronts[1]["speculative_responses"]),
+        "requests_in_flight": 0,
+    }
+    out = sum_front_ends(whole, fronts)
+    assert out["realtime"]["sessions"] == 5 and out["realtime"]["websocket"] == 5
+    assert out["speculative_responses"] == {
+        "started": 12, "confirmed": 7, "dropped": 5, "wasted_tokens": 15, "wasted_audio_seconds": 1.75,
+    }  # fmt: skip
+    assert [f["index"] for f in out["front_ends"]] == [0, 1]
