@@ -109,12 +109,19 @@ def histogram_ms(
     return out
 
 
+def increase(before: float, after: float) -> float:
+    """A counter's increase between two scrapes. One that went down was reset in between (its stage
+    process was started again): its increase is what it counted since, as Prometheus' `increase`
+    takes it, so what it had counted before the reset is left out."""
+    return after - before if after >= before else after
+
+
 def stage_breakdown(before: Samples, after: Samples, seconds: float) -> dict[str, dict[str, float | None]]:
     """Per stage, what its time went to over the run (`seconds` long)."""
 
     def delta(name: str) -> dict[str, float]:
         b, a = _by_stage(before, name), _by_stage(after, name)
-        return {stage: v - b.get(stage, 0.0) for stage, v in a.items()}
+        return {stage: increase(b.get(stage, 0.0), v) for stage, v in a.items()}
 
     steps = delta("omnivoice_stage_steps_total")
     spent = {key: delta(f"omnivoice_stage_{key}_seconds_total") for key in STAGE_SECONDS}

@@ -1,5 +1,6 @@
 """The run's figures from two scrapes of /metrics (bench/server_metrics.py): histogram quantiles as
-Prometheus reads them, and each stage's time over the run."""
+Prometheus reads them, and each stage's time over the run, its counters read from their reset where
+its process was started again in between."""
 
 from __future__ import annotations
 
@@ -55,6 +56,18 @@ def test_breakdown_is_the_difference_over_the_run() -> None:
     assert with_gpu["stages"]["talker"]["gpu_utilization_percent"] == pytest.approx(30)
     assert b["capacity_streams"] == {"before": 16.0, "after": 16.0}
     assert breakdown(None, after, 10.0) is None
+
+
+def test_a_stage_restarted_during_the_run_counts_from_its_restart() -> None:
+    before = scrape([100, 100, 100], busy=50.0, cpu=30.0, steps=4000)
+    after = scrape([100, 190, 200], busy=2.0, cpu=1.0, steps=100)  # its counters began again
+    b = breakdown(before, after, seconds=10.0)
+    assert b is not None
+    talker = b["stages"]["talker"]
+    assert talker["steps"] == 100 and talker["busy_share"] == pytest.approx(0.2)
+    assert talker["host_ms_per_step"] == pytest.approx(10) and talker[
+        "blocked_share_of_step"
+    ] == pytest.approx(0.5)
 
 
 def test_front_door_and_server_cpu_over_the_run() -> None:
