@@ -285,7 +285,8 @@ class StageWorker:
         except Exception as e:
             if is_device_fault(e):
                 raise DeviceFault(f"{self.runner.name}: {e}") from e
-            log.exception("%s stage: capturing a CUDA graph left for later failed", self.runner.name)
+            name = self.runner.name
+            log.exception("%s stage: capturing a graph left for later failed; that shape runs eagerly", name)
 
     def _report_slow(self, what: str, took: float, split: tuple[float, float] | None = None) -> None:
         """Log `what` if it took far longer than a step usually does; `split` (a step's time on a CPU

@@ -85,6 +85,12 @@ class StepGraphs:
     stream would all write the same workspace, and graphs of different stages replay at the same
     time on the stages' streams. The capture is thread-local (`capture_error_mode`), so another
     thread building its own graphs at the same time is not affected by it.
+
+    A key whose capture fails (no memory left for its graph pool or a library's workspace, as after
+    a restart beside a full GPU) runs eagerly from then on (`eager`) instead of failing every step
+    that meets it. A step that meets a deferred key whose capture fails runs on eagerly; one whose
+    own inputs a failed capture had already run fails, as its rows may have been stepped once.
+    A device fault fails the eager run as well, so the stage still meets it.
     """
 
     def __init__(self, fn: StepFn, name: str, enabled: bool) -> None:
@@ -95,18 +101,23 @@ class StepGraphs:
         self.captured: dict[Hashable, _Captured] = {}
         self.capture_s = 0.0
         self._deferred: dict[Hashable, Callable[[], object]] = {}  # key -> the call that captures it
+        self.eager: set[Hashable] = set()  # keys whose capture failed: run eagerly
         self._streams: tuple[torch.cuda.Stream, torch.cuda.Stream] | None = None  # warm-up, capture
 
     def __call__(
         self, key: Hashable, inputs: dict[str, torch.Tensor], **static: int
     ) -> tuple[torch.Tensor, ...]:
-        if not self.enabled:
+        if not self.enabled or key in self.eager:
             return self.fn(**inputs, **static)
         entry = self.captured.get(key)
-        if entry is None and self.capture_deferred(key):
+        if entry is None and key in self._deferred:
+            with contextlib.suppress(Exception):  # a failure is logged, and the key left eager
+                self.capture_deferred(key)
             entry = self.captured.get(key)
+            if entry is None:  # the padding rows' capture failed; this step's rows are untouched
+                return self.fn(**inputs, **static)
         if entry is None:
-            entry = self._capture(key, inputs, static)
+            entry = self._capture_or_run_eagerly(key, inputs, static)
         for name, value in inputs.items():
             entry.inputs[name].copy_(value, non_blocking=True)
         entry.graph.replay()
@@ -128,6 +139,22 @@ class StepGraphs:
 
     def is_deferred(self, key: Hashable) -> bool:
         return key in self._deferred
+
+    def _capture_or_run_eagerly(
+        self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]
+    ) -> _Captured:
+        """Capture `key`; if that fails, leave it eager from now on and raise the failure."""
+        try:
+            return self._capture(key, inputs, static)
+        except Exception as e:
+            self.eager.add(key)
+            log.warning(
+                "%s: capturing the CUDA graph of %s failed (%s); it runs eagerly from now on",
+                self.name,
+                key,
+                e,
+            )
+            raise
 
     def _capture(self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]) -> _Captured:
         began = time.perf_counter()

@@ -1,8 +1,9 @@
 """Graphs left for after the start: captured narrowest first, from padding inputs, whether the stage
-was idle or a step needed one first."""
+was idle or a step needed one first; a key whose capture fails runs eagerly from then on."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnivoice.runners.graph_backlog import GraphBacklog
@@ -31,8 +32,27 @@ def _padding(graphs: CpuGraphs, rows: int):
     return capture
 
 
-def _backlog(step: CountingStep, widths: tuple[int, ...]) -> tuple[GraphBacklog, CpuGraphs]:
-    graphs = CpuGraphs(step, "test decode")
+class FailingGraphs(CpuGraphs):
+    """Graphs whose capture of the keys in `fail` raises, after its warm-up run, as a capture that
+    finds no memory for its graph or a library's workspace does (a fault the CPU cannot cause)."""
+
+    def __init__(self, fn: CountingStep, name: str, fail: set[int]) -> None:
+        super().__init__(fn, name)
+        self.fail = fail
+        self.tries: list[int] = []
+
+    def _capture(self, key, inputs, static):  # type: ignore[no-untyped-def]
+        self.tries.append(key)
+        if key in self.fail:
+            self.fn(**inputs, **static)  # the warm-up run went through
+            raise RuntimeError("FIND was unable to find an engine to execute this computation")
+        return super()._capture(key, inputs, static)
+
+
+def _backlog(
+    step: CountingStep, widths: tuple[int, ...], fail: set[int] | None = None
+) -> tuple[GraphBacklog, CpuGraphs]:
+    graphs = CpuGraphs(step, "test decode") if fail is None else FailingGraphs(step, "test decode", fail)
     backlog = GraphBacklog("test")
     for rows in widths:
         backlog.add(graphs, rows, _padding(graphs, rows))
@@ -77,3 +97,39 @@ def test_nothing_is_left_when_graphs_are_off() -> None:
     backlog = GraphBacklog("test")
     backlog.add(graphs, 4, lambda: None)
     assert len(backlog) == 0 and not backlog.capture_next() and backlog.deferred == 0
+
+
+def test_a_graph_whose_idle_capture_failed_runs_eagerly_and_is_not_tried_again() -> None:
+    step = CountingStep()
+    backlog, graphs = _backlog(step, (2, 4), fail={2})
+    with pytest.raises(RuntimeError, match="FIND"):
+        backlog.capture_next()  # the stage logs it
+    assert graphs.eager == {2} and len(backlog) == 1
+    for _ in range(3):
+        (out,) = graphs(2, {"x": torch.tensor([1.0, 5.0]), "slot": torch.tensor([3, 4])})
+        assert out.tolist() == [2.0, 10.0]
+    assert step.runs[3:5].tolist() == [3, 3]  # once a call: eagerly
+    assert backlog.capture_next() and not backlog.capture_next()  # the other is captured
+    assert isinstance(graphs, FailingGraphs) and graphs.tries == [2, 4]
+
+
+def test_a_step_whose_graph_left_for_later_fails_to_capture_runs_on_eagerly() -> None:
+    step = CountingStep()
+    backlog, graphs = _backlog(step, (4,), fail={4})
+    x, slots = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([3, 4, 5, 6])
+    (out,) = graphs(4, {"x": x, "slot": slots})
+    assert out.tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert step.runs[3:7].tolist() == [1, 1, 1, 1]  # the failed capture ran padding rows only
+    graphs(4, {"x": x, "slot": slots})
+    assert step.runs[3:7].tolist() == [2, 2, 2, 2] and graphs.eager == {4}
+    assert len(backlog) == 0 and not backlog.capture_next()
+    assert isinstance(graphs, FailingGraphs) and graphs.tries == [4]
+
+
+def test_a_failed_capture_from_the_steps_own_inputs_fails_that_step_only() -> None:
+    step = CountingStep()
+    graphs = FailingGraphs(step, "test decode", fail={2})
+    with pytest.raises(RuntimeError, match="FIND"):
+        graphs(2, {"x": torch.ones(2), "slot": torch.tensor([3, 4])})  # its rows were stepped once
+    (out,) = graphs(2, {"x": torch.ones(2), "slot": torch.tensor([3, 4])})
+    assert out.tolist() == [2.0, 2.0] and graphs.tries == [2] and graphs.eager == {2}
