@@ -117,7 +117,7 @@ class StepGraphs:
             if entry is None:  # the padding rows' capture failed; this step's rows are untouched
                 return self.fn(**inputs, **static)
         if entry is None:
-            entry = self._capture_or_run_eagerly(key, inputs, static)
+            entry = self._capture_or_leave_eager(key, inputs, static)
         for name, value in inputs.items():
             entry.inputs[name].copy_(value, non_blocking=True)
         entry.graph.replay()
@@ -140,7 +140,7 @@ class StepGraphs:
     def is_deferred(self, key: Hashable) -> bool:
         return key in self._deferred
 
-    def _capture_or_run_eagerly(
+    def _capture_or_leave_eager(
         self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]
     ) -> _Captured:
         """Capture `key`; if that fails, leave it eager from now on and raise the failure."""
