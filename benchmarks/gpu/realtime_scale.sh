@@ -103,6 +103,13 @@ profile() {  # $1: sessions; what the machine and the server's threads do mid-ru
     /tmp/site/bin/py-spy record --pid "$pid" --duration 10 --rate 100 --format raw --threads --nonblocking \
         --output "$STATE/r/record-s$1.txt" > /dev/null 2>&1
 }
+bench_rt() {  # $1 sessions, $2 turns: issue 27's realtime workload, in rt-$3.json and rt-$3.log
+    timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$1" --turns "$2" --warmups 1 \
+        --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
+        --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
+        --turn-timeout-s "${TURN_TIMEOUT:-45}" --client-processes "${CLIENTS:-0}" \
+        --output-json "$STATE/r/rt-$3.json" > "$STATE/r/rt-$3.log" 2>&1
+}
 ready_or_exit() {
     if ! alive || ! healthy; then echo "no server up: run PHASE=start (or wait) first"; pack; exit 1; fi
 }
@@ -162,11 +169,7 @@ rt)
         name=s$n; k=2
         while [ -e "$STATE/r/rt-$name.json" ] || [ -e "$STATE/r/rt-$name.log" ]; do name=s$n-$k; k=$((k + 1)); done
         [ "${PROF:-0}" = 1 ] && profile "${name#s}" &
-        timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-2}" --warmups 1 \
-            --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
-            --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
-            --turn-timeout-s "${TURN_TIMEOUT:-45}" --client-processes "${CLIENTS:-0}" \
-            --output-json "$STATE/r/rt-$name.json" > "$STATE/r/rt-$name.log" 2>&1
+        bench_rt "$n" "${TURNS:-2}" "$name"
         wait
         tail -22 "$STATE/r/rt-$name.log"
         scrape "$name"
@@ -211,10 +214,7 @@ td)
 fault)
     ready_or_exit
     n=${SESSIONS:-32}
-    timeout "$TB" python3 -m omnivoice bench realtime --base-url "$URL" --sessions "$n" --turns "${TURNS:-4}" --warmups 1 \
-        --speculative "${SPEC:-on}" --ramp-s "${RAMP:-6}" --speech-wav .speech/utt.wav \
-        --max-output-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" \
-        --turn-timeout-s "${TURN_TIMEOUT:-45}" --client-processes "${CLIENTS:-0}" --output-json "$STATE/r/rt-fault-s$n.json" > "$STATE/r/rt-fault-s$n.log" 2>&1 &
+    bench_rt "$n" "${TURNS:-4}" "fault-s$n" &
     bench=$!
     sleep "${FAULT_AFTER:-45}"
     stage=${FAULT_STAGE:-talker}
