@@ -18,10 +18,11 @@
 #                 SESSIONS (default "1 32"); MODES as turn_detection_run.sh's; REPEATS=2 (1 session:
 #                 the complete questions only, each session hung up at its answer's first audio)
 #   PHASE=fault   `bench realtime` at SESSIONS (default 32; TURNS=4, per-turn lines kept), and
-#                 FAULT_AFTER=45 s into it the stage process FAULT_STAGE (talker; core: the engine
-#                 core's process) is killed with SIGKILL (as a device fault ends it): fault.json
-#                 says when, how long /health was not
-#                 ok, and the supervisor's "stages restarted in"; rt-fault-s<N>.json/.log the turns
+#                 FAULT_AFTER=45 s into it, once the engine holds FAULT_ACTIVE=8 requests (or 60 s
+#                 later), the stage process FAULT_STAGE (talker; core: the engine core's process) is
+#                 killed with SIGKILL (as a device fault ends it): fault.json says when, the requests
+#                 in the engine then, how long /health was not ok, and the supervisor's "stages
+#                 restarted in"; rt-fault-s<N>.json/.log the turns
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
 # spoken question made with espeak-ng on the CPU machine). Everything measured so far is packed into
@@ -218,14 +219,20 @@ fault)
     bench=$!
     sleep "${FAULT_AFTER:-45}"
     stage=${FAULT_STAGE:-talker}
+    # then, up to 60 s more, until the engine holds FAULT_ACTIVE requests, so the kill lands mid-answer
+    # (the answers come in waves: a kill timed by the clock alone may land between two)
+    active() { python3 -c "import json, urllib.request as u; e = json.load(u.urlopen('$URL/v1/debug/state', timeout=2))['engine']; print(e['active_requests'] if e else 0)" 2>/dev/null || echo 0; }
+    for _ in $(seq 1 300); do [ "$(active)" -ge "${FAULT_ACTIVE:-8}" ] && break; sleep 0.2; done
+    in_flight=$(active)
     # FAULT_STAGE=core: the engine core's process (stages.core: process), which takes its stages along
     pid=$(python3 -c "import json, urllib.request as u; e = json.load(u.urlopen('$URL/v1/debug/state'))['engine']; print(e['core_pid'] if '$stage' == 'core' else [x['pid'] for x in e['workers'] if x['name'] == '$stage'][0])")
     t_kill=$(date +%s.%N); kill -9 "$pid"
+    echo "killed $stage (pid $pid) with $in_flight requests in the engine"
     for _ in $(seq 1 40); do healthy || break; sleep 0.25; done  # until the engine has seen it
     for _ in $(seq 1 480); do healthy && break; sleep 0.25; done
     t_back=$(date +%s.%N)
     restarted=$(grep -oE "(stages|engine core) restarted in [0-9.]* s" "$STATE/r/serve.log" | tail -1)
-    echo "{\"stage\": \"$stage\", \"pid\": $pid, \"health_back_s\": $(python3 -c "print(round($t_back - $t_kill, 1))"), \"log\": \"$restarted\"}" > "$STATE/r/fault.json"
+    echo "{\"stage\": \"$stage\", \"pid\": $pid, \"active_requests_at_kill\": $in_flight, \"health_back_s\": $(python3 -c "print(round($t_back - $t_kill, 1))"), \"log\": \"$restarted\"}" > "$STATE/r/fault.json"
     cat "$STATE/r/fault.json"; pack
     wait $bench
     tail -22 "$STATE/r/rt-fault-s$n.log"
