@@ -75,6 +75,8 @@ pack() { mkdir -p "$OUT" && (cd "$STATE" && tar czf "$OUT/$TGZ.part" r && mv "$O
 healthy() { python3 -c "import urllib.request as u; u.urlopen('$URL/health', timeout=2)" 2>/dev/null; }
 graphs_left() { python3 -c "import urllib.request as u, sys; sys.exit(b'graphs_pending' not in u.urlopen('$URL/health', timeout=2).read())" 2>/dev/null; }
 alive() { [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; }
+# $1: a Python expression of `s`, the server's /v1/debug/state, printed
+state() { python3 -c "import json, urllib.request as u; s = json.load(u.urlopen('$URL/v1/debug/state', timeout=10)); print($1)"; }
 scrape() { python3 -c "import urllib.request as u; print(u.urlopen('$URL/metrics', timeout=30).read().decode())" > "$STATE/r/metrics-$1.txt" 2>&1; }
 left() { echo $(( BUDGET - ($(date +%s) - t_call) )); }
 wait_ready() {  # up to $1 seconds
@@ -89,8 +91,7 @@ profile() {  # $1: sessions; what the machine and the server's threads do mid-ru
     sleep "${PROF_AFTER:-20}"
     pid=$(cat "$STATE/server.pid")
     # several front ends: the server's pid is their supervisor's; the first front end is sampled
-    front=$(curl -s "http://127.0.0.1:$PORT/v1/debug/state" | python3 -c \
-        "import json, sys; f = json.load(sys.stdin).get('front_ends'); print(f[0]['process']['pid'] if f else '')")
+    front=$(state "s['front_ends'][0]['process']['pid'] if s.get('front_ends') else ''" 2>/dev/null)
     [ -n "$front" ] && pid=$front
     {
         echo "== top, processes"; top -b -n 1 -w 220 | head -25
@@ -221,11 +222,12 @@ fault)
     stage=${FAULT_STAGE:-talker}
     # then, up to 60 s more, until the engine holds FAULT_ACTIVE requests, so the kill lands mid-answer
     # (the answers come in waves: a kill timed by the clock alone may land between two)
-    active() { python3 -c "import json, urllib.request as u; e = json.load(u.urlopen('$URL/v1/debug/state', timeout=2))['engine']; print(e['active_requests'] if e else 0)" 2>/dev/null || echo 0; }
-    for _ in $(seq 1 300); do [ "$(active)" -ge "${FAULT_ACTIVE:-8}" ] && break; sleep 0.2; done
-    in_flight=$(active)
+    for _ in $(seq 1 300); do
+        in_flight=$(state "(s['engine'] or {}).get('active_requests', 0)" 2>/dev/null || echo 0)
+        [ "$in_flight" -ge "${FAULT_ACTIVE:-8}" ] && break; sleep 0.2
+    done
     # FAULT_STAGE=core: the engine core's process (stages.core: process), which takes its stages along
-    pid=$(python3 -c "import json, urllib.request as u; e = json.load(u.urlopen('$URL/v1/debug/state'))['engine']; print(e['core_pid'] if '$stage' == 'core' else [x['pid'] for x in e['workers'] if x['name'] == '$stage'][0])")
+    pid=$(state "s['engine']['core_pid'] if '$stage' == 'core' else [x['pid'] for x in s['engine']['workers'] if x['name'] == '$stage'][0]")
     t_kill=$(date +%s.%N); kill -9 "$pid"
     echo "killed $stage (pid $pid) with $in_flight requests in the engine"
     for _ in $(seq 1 40); do healthy || break; sleep 0.25; done  # until the engine has seen it
