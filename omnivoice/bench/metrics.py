@@ -16,6 +16,7 @@ count in `errors`.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -58,6 +59,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def percentile_interval(
+    values: Sequence[float], q: float, level: float = 0.9, samples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """A central `level` bootstrap interval of the q-th percentile: how far the percentile of a run
+    of this many values moves with the luck of which values it drew (resampled with replacement, a
+    fixed seed, so the same values give the same interval). None under 10 values, where a tail
+    percentile's interval says nothing."""
+    if len(values) < 10:
+        return None
+    rng = random.Random(seed)
+    pool = list(values)
+    draws = sorted(percentile(rng.choices(pool, k=len(pool)), q) for _ in range(samples))
+    tail = (1 - level) / 2
+    return draws[int(tail * (samples - 1))], draws[round((1 - tail) * (samples - 1))]
 
 
 def playback_stall(chunks: Sequence[tuple[float, float]]) -> float:

@@ -35,7 +35,7 @@ import soxr
 
 from omnivoice.audio import decode_wav
 from omnivoice.bench import server_metrics
-from omnivoice.bench.metrics import percentile, playback_stall
+from omnivoice.bench.metrics import percentile, percentile_interval, playback_stall
 from omnivoice.bench.realtime_load import (
     RATE,
     CallerFactory,
@@ -129,11 +129,18 @@ def load_speech(args: argparse.Namespace) -> bytes:
 def summarize(records: list[TurnRecord], duration_s: float) -> dict[str, Any]:
     ok = [r for r in records if r.ok]
 
-    def stats(values: list[float]) -> dict[str, float | None]:
+    def stats(values: list[float]) -> dict[str, Any]:
         if not values:
-            return {"mean": None, "p50": None, "p95": None}
+            return {"mean": None, "p50": None, "p95": None, "p95_interval": None}
         ms = [1000 * v for v in values]
-        return {"mean": sum(ms) / len(ms), "p50": percentile(ms, 50), "p95": percentile(ms, 95)}
+        interval = percentile_interval(ms, 95)
+        return {
+            "mean": sum(ms) / len(ms),
+            "p50": percentile(ms, 50),
+            "p95": percentile(ms, 95),
+            # where the p95 of as many turns would fall with other luck (None: too few turns)
+            "p95_interval": None if interval is None else list(interval),
+        }
 
     stalls = [playback_stall(r.chunks) for r in ok]
     return {
@@ -151,6 +158,31 @@ def summarize(records: list[TurnRecord], duration_s: float) -> dict[str, Any]:
         # why each turn that is not ok is not: its error, or the response that ended without audio
         "failures": dict(Counter(failure(r) for r in records if not r.ok).most_common()),
     }
+
+
+def per_turn(records: list[TurnRecord]) -> list[dict[str, Any]]:
+    """Each answered turn's figures in ms, in the order its speech ended (`at_s`: seconds after the
+    run's first speech end; the client processes share the host's monotonic clock), so a run's slow
+    turns can be placed in time: bunched together, or spread over the run."""
+    ok = [r for r in records if r.ok]
+    if not ok:
+        return []
+    first = min(r.speech_end for r in ok)
+
+    def ms(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(1000 * (a - b), 1)
+
+    return [
+        {
+            "session": r.session,
+            "turn": r.turn,
+            "at_s": round(r.speech_end - first, 3),
+            "voice_to_voice_ms": ms(r.first_audio, r.speech_end),
+            "turn_detection_ms": ms(r.stopped, r.speech_end),
+            "response_ms": ms(r.first_audio, r.stopped),
+        }
+        for r in sorted(ok, key=lambda r: r.speech_end)
+    ]
 
 
 def failure(r: TurnRecord) -> str:
@@ -215,8 +247,11 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def _run_table(s: dict[str, Any], speculation: dict[str, float] | None) -> str:
-    def row(name: str, s: dict[str, float | None]) -> str:
+    def row(name: str, s: dict[str, Any]) -> str:
         cells = " / ".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "p50", "p95"))
+        interval = s.get("p95_interval")
+        if interval is not None:
+            cells += f"  (p95 90 % interval {interval[0]:.0f}-{interval[1]:.0f})"
         return f"{name:<28} {cells}"
 
     lines = [
@@ -309,6 +344,7 @@ def run(args: argparse.Namespace) -> int:
             # how late the client processes' event loops woke (a client behind inflates every figure)
             "client_loop_lag_ms": client_lag(lag.samples),
             "speculation": _difference(before, after),
+            "turns": per_turn(records),
             # the event loop's lag and each stage's time over the run, from /metrics around it
             "server": server_metrics.breakdown(
                 scraped, server_metrics.scrape(args.base_url, args.api_key), duration

@@ -1,6 +1,13 @@
 import pytest
 
-from omnivoice.bench.metrics import RequestRecord, percentile, playback_stall, rtf, summarize
+from omnivoice.bench.metrics import (
+    RequestRecord,
+    percentile,
+    percentile_interval,
+    playback_stall,
+    rtf,
+    summarize,
+)
 
 
 def test_percentile_interpolates_like_numpy() -> None:
@@ -12,6 +19,23 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert percentile([7.0], 99) == 7.0
     with pytest.raises(ValueError):
         percentile([], 50)
+
+
+def test_p95_interval_brackets_the_p95_and_widens_with_a_heavy_tail() -> None:
+    steady = [266.0 + (i % 5) for i in range(64)]
+    tail = [266.0] * 58 + [300.0, 340.0, 380.0, 420.0, 460.0, 500.0]
+    lo, hi = percentile_interval(steady, 95)  # type: ignore[misc]
+    assert 266.0 <= lo <= percentile(steady, 95) <= hi <= 270.0
+    t_lo, t_hi = percentile_interval(tail, 95)  # type: ignore[misc]
+    assert t_lo <= percentile(tail, 95) <= t_hi
+    assert t_hi - t_lo > 10 * (hi - lo)  # the 4th-worst of 64 turns moves with which turns were slow
+    assert percentile_interval(tail, 95) == (t_lo, t_hi)  # a fixed seed: the same turns, the same interval
+    assert percentile_interval([5.0] * 10, 95) == (5.0, 5.0)
+
+
+def test_no_interval_for_fewer_than_ten_values() -> None:
+    assert percentile_interval([1.0] * 9, 95) is None
+    assert percentile_interval([], 95) is None
 
 
 def test_no_stall_when_audio_arrives_ahead_of_playback() -> None:

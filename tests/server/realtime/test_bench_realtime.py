@@ -105,3 +105,28 @@ def test_turns_without_figures_say_why_in_the_summary() -> None:
         "no audio: no response ended": 1,
     }
     assert next(iter(s["failures"])) == "no audio: the response ended cancelled"  # the commonest first
+
+
+def test_each_answered_turn_is_placed_in_time_and_the_p95_gets_its_interval() -> None:
+    from omnivoice.bench.realtime_cli import format_table, per_turn, summarize
+    from omnivoice.bench.realtime_load import TurnRecord
+
+    records = []
+    for i in range(12):  # speech ends 0.5 s apart, listed last-first; the last turn is the slow one
+        end = 100.0 + 0.5 * (11 - i)
+        slow = 0.4 if i == 0 else 0.0
+        r = TurnRecord(i, 0, speech_end=end, stopped=end + 0.27, first_audio=end + 0.28 + slow)
+        r.chunks.append((r.first_audio, 1.0))  # type: ignore[arg-type]
+        records.append(r)
+    records.append(TurnRecord(12, 0, error="timeout"))
+    turns = per_turn(records)
+    assert [t["session"] for t in turns] == list(range(11, -1, -1))  # in the order their speech ended
+    assert turns[0]["at_s"] == 0.0 and turns[-1]["at_s"] == 5.5
+    assert turns[-1]["voice_to_voice_ms"] == 680.0 and turns[0]["voice_to_voice_ms"] == 280.0
+    assert turns[0]["turn_detection_ms"] == 270.0 and turns[0]["response_ms"] == 10.0
+    s = summarize(records, 10.0)
+    lo, hi = s["voice_to_voice_ms"]["p95_interval"]
+    assert 280.0 - 1e-6 <= lo <= s["voice_to_voice_ms"]["p95"] <= hi <= 680.0 + 1e-6
+    report = {"sessions": 13, "turns_per_session": 1, "machine": "m", "summary": s}
+    assert f"(p95 90 % interval {lo:.0f}-{hi:.0f})" in format_table(report)
+    assert summarize(records[:3], 10.0)["voice_to_voice_ms"]["p95_interval"] is None
