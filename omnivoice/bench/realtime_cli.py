@@ -163,7 +163,8 @@ def summarize(records: list[TurnRecord], duration_s: float) -> dict[str, Any]:
 def per_turn(records: list[TurnRecord]) -> list[dict[str, Any]]:
     """Each answered turn's figures in ms, in the order its speech ended (`at_s`: seconds after the
     run's first speech end; the client processes share the host's monotonic clock), so a run's slow
-    turns can be placed in time: bunched together, or spread over the run."""
+    turns can be placed in time: bunched together, or spread over the run. `response_id` finds the
+    server's log line of the response's first audio, with the engine's parts of the wait."""
     ok = [r for r in records if r.ok]
     if not ok:
         return []
@@ -176,6 +177,7 @@ def per_turn(records: list[TurnRecord]) -> list[dict[str, Any]]:
         {
             "session": r.session,
             "turn": r.turn,
+            "response_id": r.response_id,
             "at_s": round(r.speech_end - first, 3),
             "voice_to_voice_ms": ms(r.first_audio, r.speech_end),
             "turn_detection_ms": ms(r.stopped, r.speech_end),

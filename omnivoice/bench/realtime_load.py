@@ -76,6 +76,7 @@ class TurnRecord:
     chunks: list[tuple[float, float]] = field(default_factory=list)
     status: str | None = None
     error: str | None = None
+    response_id: str | None = None  # the response whose audio came first (the server's log names it)
 
     @property
     def ok(self) -> bool:
@@ -187,7 +188,8 @@ class _Caller:
             if kind == "input_audio_buffer.speech_stopped" and turn.stopped is None:
                 turn.stopped = now
             elif kind == "response.output_audio.delta":
-                turn.first_audio = turn.first_audio or now
+                if turn.first_audio is None:
+                    turn.first_audio, turn.response_id = now, event.get("response_id")
                 turn.chunks.append((now, len(base64.b64decode(event["delta"])) / (2 * RATE)))
             elif kind == "response.done" and turn.stopped is not None:
                 turn.done, turn.status = now, event["response"]["status"]

@@ -50,5 +50,10 @@ class DeliveryStats:
         self.underrun.record(underrun_s)
 
 
+def parts_text(first: FirstAudio) -> str:
+    """The engine's parts of a first audio's wait, for a log line: "to_first_token 130 ms, ..."."""
+    return ", ".join(f"{part} {getattr(first, f'{part}_ms'):.0f} ms" for part in PARTS)
+
+
 def _each(names: tuple[str, ...]) -> dict[str, SecondsHistogram]:
     return {n: SecondsHistogram(n, DELIVERY_BUCKETS) for n in names}

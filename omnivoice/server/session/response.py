@@ -30,7 +30,7 @@ from omnivoice.audio.resample import StreamResampler
 from omnivoice.engine.api import EngineAPI
 from omnivoice.server.session.calls import ResponseCalls
 from omnivoice.server.session.conversation import Conversation, Item, new_id
-from omnivoice.server.session.delivery import DeliveryStats
+from omnivoice.server.session.delivery import DeliveryStats, parts_text
 from omnivoice.server.session.generation import EarlyStart, ResponsePlan, start_generation
 from omnivoice.server.session.ledger import AudioLedger
 from omnivoice.server.session.message import ResponseMessage
@@ -187,6 +187,12 @@ class Response:
                 elif isinstance(out, AudioChunk) and plan.want_audio and out.pcm.size:
                     if out.first_audio is not None:
                         self._delivery.engine_first_audio(out.first_audio)
+                        log.info(
+                            "session %s: response %s: the engine's first audio %.0f ms after the response "
+                            "began; its wait from the request's start: %s",
+                            self.session_id, self.id, 1e3 * (time.monotonic() - self._began),
+                            parts_text(out.first_audio),
+                        )  # fmt: skip
                     if self.item is None:
                         self._message.open()
                     await self._send_audio(self._resampler.process(out.pcm), ahead.failed)

@@ -37,6 +37,10 @@ def test_two_sessions_report_voice_to_voice_latency(
     on, off = report["runs"]["on"], report["runs"]["off"]
     assert on["summary"] == s and off["summary"]["turns"] == 2
     assert on["speculation"]["confirmed"] == 2
+    # each answered turn, in the order its speech ended, names the response that answered it
+    ids = [t["response_id"] for t in on["turns"]]
+    assert len(on["turns"]) == 2 and len(set(ids)) == 2 and all(i.startswith("resp_") for i in ids)
+    assert on["turns"][0]["at_s"] == 0.0 <= on["turns"][1]["at_s"]
     assert on["speculation"]["started"] == 2 + on["speculation"]["dropped"]
     assert off["speculation"] == dict.fromkeys(off["speculation"], 0)
     assert "speculative responses: off" in format_table(report)

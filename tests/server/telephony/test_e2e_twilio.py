@@ -61,8 +61,9 @@ async def echo_marks(carrier: Carrier, count: int | None = None) -> None:
 
 
 async def test_call_answers_in_paced_media_frames_closed_by_marks(
-    server: ServerThread, voice: dict[str, bytes]
+    server: ServerThread, voice: dict[str, bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="omnivoice.server.session.response")
     door = server.server.config.app.state.realtime.front_door  # the app's: the call's audio goes through it
     jobs = door.jobs
     async with call(server.base_url) as carrier:
@@ -99,6 +100,10 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
     ):
         found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.M)
         assert found is not None and float(found[1]) >= 1, series
+    # and the server's log names the response with the same parts (a slow turn's is found by its id)
+    said = [r.getMessage() for r in caplog.records if session.last_response.id in r.getMessage()]
+    logged = [m for m in said if "the engine's first audio" in m]
+    assert len(logged) == 1 and re.search(r"to_first_token \d+ ms, .*, to_engine \d+ ms$", logged[0]), said
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
     assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
     assert [i.role for i in session.conversation.items] == ["user", "assistant"]
