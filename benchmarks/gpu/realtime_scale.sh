@@ -11,7 +11,9 @@
 #                 before any request (the capacity calibrated at start, or the kept calibration)
 #   PHASE=wait    wait for /health again (a start that took longer than one call)
 #   PHASE=rt      `bench realtime` at each of SESSIONS (default "16 32"; then "64", then "100"; a count
-#                 given again runs again: "32 32 32", files rt-s32, rt-s32-2, rt-s32-3)
+#                 given again runs again: "32 32 32", files rt-s32, rt-s32-2, rt-s32-3), then its
+#                 slowest turns with the engine's parts of their wait (benchmarks/slow_turns.py:
+#                 slow-s<N>.txt/.json)
 #   PHASE=chat    `bench` chat completions at each of CHAT (default "32 64"), text input; INPUT=speech
 #                 sends .speech/utt.wav as input_audio instead
 #   PHASE=td      semantic_vad against server_vad (benchmarks/turn_detection.py, issue 30) at each of
@@ -77,6 +79,12 @@ graphs_left() { python3 -c "import urllib.request as u, sys; sys.exit(b'graphs_p
 alive() { [ -f "$STATE/server.pid" ] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null; }
 # $1: a Python expression of `s`, the server's /v1/debug/state, printed
 state() { python3 -c "import json, urllib.request as u; s = json.load(u.urlopen('$URL/v1/debug/state', timeout=10)); print($1)"; }
+# the run's slowest turns with the engine's parts of their wait, from its JSON and the server's log
+slow() {
+    python3 benchmarks/slow_turns.py "$STATE/r/rt-$1.json" "$STATE/r/serve.log" --json "$STATE/r/slow-$1.json" \
+        > "$STATE/r/slow-$1.txt" 2>&1
+    cat "$STATE/r/slow-$1.txt"
+}
 scrape() { python3 -c "import urllib.request as u; print(u.urlopen('$URL/metrics', timeout=30).read().decode())" > "$STATE/r/metrics-$1.txt" 2>&1; }
 left() { echo $(( BUDGET - ($(date +%s) - t_call) )); }
 wait_ready() {  # up to $1 seconds
@@ -174,6 +182,7 @@ rt)
         bench_rt "$n" "${TURNS:-2}" "$name"
         wait
         tail -22 "$STATE/r/rt-$name.log"
+        slow "$name"
         scrape "$name"
         pack
     done
@@ -238,6 +247,7 @@ fault)
     cat "$STATE/r/fault.json"; pack
     wait $bench
     tail -22 "$STATE/r/rt-fault-s$n.log"
+    slow "fault-s$n"
     grep -c "error" "$STATE/r/rt-fault-s$n.log"
     scrape "fault-s$n"
     pack

@@ -10,6 +10,7 @@ import base64
 import json
 import logging
 import re
+import runpy
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from omnivoice.server.session.delivery import PARTS
 from tests.support.polling import until
 from tests.support.serve import ServerThread, serve_tiny
 from tests.support.speech import fixed_call, speak
@@ -104,6 +106,9 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
     said = [r.getMessage() for r in caplog.records if session.last_response.id in r.getMessage()]
     logged = [m for m in said if "the engine's first audio" in m]
     assert len(logged) == 1 and re.search(r"to_first_token \d+ ms, .*, to_engine \d+ ms$", logged[0]), said
+    slow_turns = runpy.run_path(str(Path(__file__).parents[3] / "benchmarks" / "slow_turns.py"))
+    parts = slow_turns["logged_parts"](logged[0])[session.last_response.id]  # the GPU runs' tool reads it
+    assert set(parts) == {"after", *PARTS}
     assert session.settings.voice == "chelsie" and session.settings.instructions == "Answer briefly."
     assert session.last_response.status == "incomplete"  # min = max tokens: stops at max_output_tokens
     assert [i.role for i in session.conversation.items] == ["user", "assistant"]
