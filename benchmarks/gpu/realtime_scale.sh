@@ -19,7 +19,9 @@
 #   PHASE=td      semantic_vad against server_vad (benchmarks/turn_detection.py, issue 30) at each of
 #                 SESSIONS (default "1 32"); MODES as turn_detection_run.sh's; REPEATS=2 (1 session:
 #                 the complete questions only, each session hung up at its answer's first audio)
-#   PHASE=fault   `bench realtime` at SESSIONS (default 32; TURNS=4, per-turn lines kept), and
+#   PHASE=fault   `bench realtime` at SESSIONS (default 32; TURNS=8, per-turn lines kept: a turn
+#                 refused while the stages restart ends in a few seconds, so a session runs through
+#                 about four of them in a restart; the later ones show the answers coming back), and
 #                 FAULT_AFTER=45 s into it, once the engine holds FAULT_ACTIVE=8 requests (or 60 s
 #                 later), the stage process FAULT_STAGE (talker; core: the engine core's process) is
 #                 killed with SIGKILL (as a device fault ends it): fault.json says when, the requests
@@ -225,7 +227,7 @@ td)
 fault)
     ready_or_exit
     n=${SESSIONS:-32}
-    bench_rt "$n" "${TURNS:-4}" "fault-s$n" &
+    bench_rt "$n" "${TURNS:-8}" "fault-s$n" &
     bench=$!
     sleep "${FAULT_AFTER:-45}"
     stage=${FAULT_STAGE:-talker}
