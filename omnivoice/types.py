@@ -271,6 +271,7 @@ class StageStats:
     steps: int
     busy_s: float = 0.0  # wall time spent in the runner's step() since the stage started
     cached_tokens: int = 0  # prompt positions served from the prefix cache since the stage started
+    prefilled_tokens: int = 0  # prompt positions computed by its prefills since the stage started
     replica: int = 0  # which worker of the stage (engine.stats() sums them per stage)
     # Per-request tables held by the worker besides the runner's (queued + running): the next stage's
     # replica of each request in flight, and recently aborted ids (tombstones, expire after a while).
@@ -320,6 +321,7 @@ class StageStats:
             steps=sum(p.steps for p in parts),
             busy_s=sum(p.busy_s for p in parts),
             cached_tokens=sum(p.cached_tokens for p in parts),
+            prefilled_tokens=sum(p.prefilled_tokens for p in parts),
             routes=sum(p.routes for p in parts),
             tombstones=sum(p.tombstones for p in parts),
             prefixes=sum(p.prefixes for p in parts),

@@ -7,7 +7,9 @@ steps, the share of the run it was stepping, the host (CPU) time per step, the s
 it was runnable but without a CPU and blocked (mostly waiting for the GIL: engine/step_clock.py), the
 time it spent taking messages, and its GPU's utilisation at the end; plus the capacity the engine
 measured at the start and the end; with a core process, each hop between it and the server
-(types.HOPS); and the realtime responses as the server sent them (their first text and audio, and
+(types.HOPS); the thinker's prompt positions taken from cached conversation prefixes against
+those computed, and its audio windows encoded against those taken from speech sent ahead; and the
+realtime responses as the server sent them (their first text and audio, and
 how long a player would have waited: server/session/delivery.py), the part of the caller's figures
 that the server adds before the socket.
 """
@@ -34,6 +36,8 @@ PHASES = ("first_text", "first_audio")
 UNDERRUN = "omnivoice_realtime_playback_underrun_seconds"
 ENGINE_FIRST_AUDIO = "omnivoice_realtime_engine_first_audio_seconds"
 FRONT_END = "front_end"  # the label of one front end's samples (server.front_ends > 1)
+PROMPT = "omnivoice_stage_prompt_positions_total"
+WINDOWS = "omnivoice_stage_audio_windows_total"
 STAGE_SECONDS = ("busy", "step_cpu", "step_runnable", "step_blocked", "ingest")
 
 
@@ -167,6 +171,10 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
             for hop in sorted({dict(k)["hop"] for k in after.get(f"{HOP}_count", {})})
         },
         "server_process_cores": _rate(before, after, "process_cpu_seconds_total", seconds),
+        # the thinker's prompt positions (from conversations' cached prefixes or computed) and audio
+        # windows (encoded, or taken from the speech sent ahead) over the run
+        "thinker_prompt": sourced(before, after, PROMPT),
+        "thinker_audio_windows": sourced(before, after, WINDOWS),
         # chat requests as the server saw them: from arrival to the engine, to the first text and audio
         "chat": {key: histogram_ms(before, after, name) for key, name in CHAT.items()},
         # realtime responses as the server sent them: from the turn's end to the first text and audio
@@ -181,6 +189,16 @@ def breakdown(before: Samples | None, after: Samples | None, seconds: float) -> 
             for part in dict.fromkeys(dict(k)["part"] for k in after.get(f"{ENGINE_FIRST_AUDIO}_count", {}))
         },
     }
+
+
+def sourced(before: Samples, after: Samples, name: str) -> dict[str, float]:
+    """The thinker's counter `name` over the run, by its `source` label (empty: not exported)."""
+    out: dict[str, float] = {}
+    for key, value in after.get(name, {}).items():
+        labels = dict(key)
+        if labels.get("stage") == "thinker" and "source" in labels:
+            out[labels["source"]] = increase(before.get(name, {}).get(key, 0.0), value)
+    return out
 
 
 def _delta(before: Samples, after: Samples, name: str) -> float | None:
@@ -237,6 +255,15 @@ def format_lines(b: dict[str, Any]) -> list[str]:
             f"{'audio intake behind, ms':<28} mean {f(intake['mean_ms'], digits=1)}, "
             f"p50 {f(intake['p50_ms'], digits=1)}, p95 {f(intake['p95_ms'], digits=1)}, "
             f"p99 {f(intake['p99_ms'], digits=1)}",
+        )
+    prompt, windows = b.get("thinker_prompt") or {}, b.get("thinker_audio_windows") or {}
+    if prompt:
+        cached, computed = prompt.get("cached", 0.0), prompt.get("computed", 0.0)
+        share = cached / (cached + computed) if cached + computed else None
+        lines.append(
+            f"{'thinker prompt positions':<28} {f(cached)} cached, {f(computed)} computed "
+            f"({f(share, 100)} % cached); audio windows {f(windows.get('encoded'))} encoded, "
+            f"{f(windows.get('ahead'))} taken from speech sent ahead"
         )
     timed = [(f"chat {k}, ms", h) for k, h in (b.get("chat") or {}).items()]
     timed += [(f"server {k}, ms", h) for k, h in (b.get("realtime") or {}).items()]

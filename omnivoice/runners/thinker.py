@@ -105,6 +105,7 @@ class ThinkerRunner:
         self._last_batch = 0
         self._prefilled = False  # the last step prefilled prompts (its time is no decode step's)
         self._cached_tokens = 0
+        self._prefilled_tokens = 0  # prompt positions computed (those past a cached prefix)
         self.graph_backlog = GraphBacklog(self.name)  # graphs of wide batches captured once serving
         steps = start or StartSteps(self.name)
         if graphs:
@@ -193,6 +194,7 @@ class ThinkerRunner:
             self._steps,
             last_step_prefilled=self._prefilled,
             cached_tokens=self._cached_tokens,
+            prefilled_tokens=self._prefilled_tokens,
             prefixes=len(self.prefix),
             kv_slots_used=len(self.cache.lengths) - self.cache.free_slots,
             audio_windows=self.audio.encoder.windows_encoded,
@@ -242,6 +244,7 @@ class ThinkerRunner:
         """Prefill requests together in one forward, book each and queue its first token."""
         accept = self.spec.accept_hidden_layer
         h, kept, lengths = forward_prefill(self.stack, self.cache, batch, accept)
+        self._prefilled_tokens += sum(lengths)
         outs: list[Any] = []
         seqs: list[ThinkerSeq] = []
         prompts: list[tuple[torch.Tensor, torch.Tensor] | None] = []

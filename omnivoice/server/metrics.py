@@ -107,7 +107,24 @@ class EngineStatsCollector(Collector):
             "Time a stage waited, its work all ahead of playback, for first or dry audio on its device",
             labels=["stage"],
         )
+        prompt = CounterMetricFamily(
+            "omnivoice_stage_prompt_positions",
+            "Prompt positions a stage took from its conversations' cached prefixes (source=cached) or "
+            "computed in its prefills (source=computed)",
+            labels=["stage", "source"],
+        )
+        windows = CounterMetricFamily(
+            "omnivoice_stage_audio_windows",
+            "Audio-encoder windows of requests' audio: encoded by the stage (source=encoded, windows sent "
+            "ahead included) or taken encoded from the speech sent ahead while it was spoken (source=ahead)",
+            labels=["stage", "source"],
+        )
         for s in stats.stages:
+            if s.name == "thinker":
+                prompt.add_metric([s.name, "cached"], s.cached_tokens)
+                prompt.add_metric([s.name, "computed"], s.prefilled_tokens)
+                windows.add_metric([s.name, "encoded"], s.audio_windows)
+                windows.add_metric([s.name, "ahead"], s.audio_windows_ahead)
             queued.add_metric([s.name], s.queued)
             running.add_metric([s.name], s.running)
             batch.add_metric([s.name], s.last_batch_size)
@@ -115,7 +132,7 @@ class EngineStatsCollector(Collector):
             gave_way.add_metric([s.name], s.gave_way_s)
         active = GaugeMetricFamily("omnivoice_engine_active_requests", "Requests inside the engine")
         active.add_metric([], stats.active_requests)
-        yield from (queued, running, batch, steps, gave_way, active)
+        yield from (queued, running, batch, steps, gave_way, active, prompt, windows)
         yield from _stage_time_metrics(stats.stages)
         if stats.hops:
             yield _hop_metrics(stats.hops)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnivoice.bench.server_metrics import Samples, breakdown, quantile
+from omnivoice.bench.server_metrics import Samples, breakdown, format_lines, quantile
 
 INF = float("inf")
 
@@ -141,3 +141,27 @@ def test_realtime_responses_as_the_server_sent_them_over_the_run() -> None:
     assert rt["first_text"]["samples"] == 0  # none exported
     assert rt["underrun"]["samples"] == 10 and rt["underrun"]["p50_ms"] == pytest.approx(10)
     assert rt["underrun"]["mean_ms"] == pytest.approx(250)  # 5 of 10 waited 0.5 s
+
+
+def test_the_thinkers_prompt_positions_and_audio_windows_over_the_run() -> None:
+    def prompt(cached: float, computed: float, encoded: float, ahead: float) -> Samples:
+        s = scrape([1, 1, 1], busy=1.0, cpu=0.5, steps=1)
+        s["omnivoice_stage_prompt_positions_total"] = {
+            (("source", "cached"), ("stage", "thinker")): cached,
+            (("source", "computed"), ("stage", "thinker")): computed,
+        }
+        s["omnivoice_stage_audio_windows_total"] = {
+            (("source", "ahead"), ("stage", "thinker")): ahead,
+            (("source", "encoded"), ("stage", "thinker")): encoded,
+        }
+        return s
+
+    b = breakdown(prompt(100, 400, 10, 2), prompt(1600, 900, 30, 14), seconds=10.0)
+    assert b is not None
+    assert b["thinker_prompt"] == {"cached": 1500, "computed": 500}
+    assert b["thinker_audio_windows"] == {"encoded": 20, "ahead": 12}
+    assert any("1500 cached, 500 computed (75 % cached)" in line for line in format_lines(b))
+    # a server that does not export them (an older one): no figures, no line
+    plain = breakdown(scrape([1, 1, 1], 1, 0.5, 1), scrape([1, 1, 2], 2, 1, 2), seconds=10.0)
+    assert plain is not None and plain["thinker_prompt"] == {}
+    assert not any("prompt positions" in line for line in format_lines(plain))

@@ -73,6 +73,9 @@ def test_a_cached_turn_and_a_long_prompt_prefill_together_within_the_slots(think
     assert tokens["turn"] == alone_turn["turn-alone"]
     assert tokens["other"] == alone_other["other-alone"]
     assert thinker.stats().cached_tokens >= 2 * LONG - 2, "both turns reused their conversation's prefix"
+    # each prompt position was either taken from a cached prefix or computed, never both nor neither
+    stats, prompts = thinker.stats(), [other, conversation, turn, conversation, turn, other]
+    assert stats.cached_tokens + stats.prefilled_tokens == sum(len(p) for p in prompts)
 
 
 def _tokens(outs: list, into: dict[str, list[int]]) -> None:

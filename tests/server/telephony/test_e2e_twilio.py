@@ -102,6 +102,15 @@ async def test_call_answers_in_paced_media_frames_closed_by_marks(
     ):
         found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.M)
         assert found is not None and float(found[1]) >= 1, series
+    # the thinker computed the call's prompt and encoded its speech (the bench reads these per run)
+    for series in (
+        'omnivoice_stage_prompt_positions_total{source="computed",stage="thinker"}',
+        'omnivoice_stage_audio_windows_total{source="encoded",stage="thinker"}',
+    ):
+        found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.M)
+        assert found is not None and float(found[1]) >= 1, series
+    cached = 'omnivoice_stage_prompt_positions_total{source="cached",stage="thinker"} '
+    assert cached in metrics  # exported from the start, 0 until a conversation's prefix is reused
     # and the server's log names the response with the same parts (a slow turn's is found by its id)
     said = [r.getMessage() for r in caplog.records if session.last_response.id in r.getMessage()]
     logged = [m for m in said if "the engine's first audio" in m]
