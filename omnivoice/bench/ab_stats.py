@@ -10,6 +10,8 @@ import random
 from dataclasses import dataclass, field
 from statistics import fmean
 
+from omnivoice.bench.metrics import central_interval
+
 SIDES = ("A", "B")
 
 
@@ -92,10 +94,7 @@ def bootstrap_ratio(
     ratios.sort()
     if not ratios:
         return float("nan"), float("nan")
-    tail = (1 - level) / 2
-    lo = ratios[int(tail * (len(ratios) - 1))]
-    hi = ratios[round((1 - tail) * (len(ratios) - 1))]
-    return lo, hi
+    return central_interval(ratios, level)
 
 
 def compare(records: list[RunRecord], metric: str, samples: int = 2000) -> Comparison | None:

@@ -73,8 +73,14 @@ def percentile_interval(
     rng = random.Random(seed)
     pool = list(values)
     draws = sorted(percentile(rng.choices(pool, k=len(pool)), q) for _ in range(samples))
+    return central_interval(draws, level)
+
+
+def central_interval(draws: Sequence[float], level: float) -> tuple[float, float]:
+    """The central `level` interval of bootstrap `draws`, sorted and not empty: the values that leave
+    (1 - level) / 2 of them below and as many above."""
     tail = (1 - level) / 2
-    return draws[int(tail * (samples - 1))], draws[round((1 - tail) * (samples - 1))]
+    return draws[int(tail * (len(draws) - 1))], draws[round((1 - tail) * (len(draws) - 1))]
 
 
 def playback_stall(chunks: Sequence[tuple[float, float]]) -> float:
