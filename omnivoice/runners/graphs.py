@@ -159,16 +159,51 @@ class StepGraphs:
     def _capture(self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]) -> _Captured:
         began = time.perf_counter()
         buffers = {name: value.clone() for name, value in inputs.items()}
-        device = next(iter(buffers.values())).device
+        self._warm_up(buffers, static)
+        try:
+            graph, outputs = self._record(buffers, static)
+        except torch.OutOfMemoryError as e:
+            # while a capture is under way the allocator cannot hand its cached blocks back to the
+            # device, so a graph pool that needs a new segment fails even with memory cached (a
+            # prefill's activations): release them and record once more (recording runs no kernel,
+            # so the rows are not stepped again)
+            if not self._release_cache(next(iter(buffers.values())).device):
+                raise
+            log.info(
+                "%s: the CUDA graph of %s found no memory (%s); cached memory released, recording again",
+                self.name,
+                key,
+                str(e).splitlines()[0],
+            )
+            graph, outputs = self._record(buffers, static)
+        entry = _Captured(graph, buffers, tuple(outputs))
+        self.captured[key] = entry
+        took = time.perf_counter() - began
+        self.capture_s += took
+        log.debug("%s: captured CUDA graph %s in %.0f ms", self.name, key, took * 1e3)
+        return entry
+
+    def _streams_of(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         if self._streams is None:
             self._streams = (torch.cuda.Stream(device), torch.cuda.Stream(device))
-        side, capture = self._streams
-        here = torch.cuda.current_stream(device)
-        side.wait_stream(here)
-        with torch.cuda.stream(side):  # warm-up runs (library handles, autotuning) must not be captured
+        return self._streams
+
+    def _warm_up(self, buffers: dict[str, torch.Tensor], static: dict[str, int]) -> None:
+        """Run the function on a side stream first (library handles, autotuning): not captured."""
+        device = next(iter(buffers.values())).device
+        side, capture = self._streams_of(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
             for _ in range(1 if self.captured else 2):  # a new shape of a warm function: one run
                 self.fn(**buffers, **static)
         capture.wait_stream(side)
+
+    def _record(
+        self, buffers: dict[str, torch.Tensor], static: dict[str, int]
+    ) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+        """Record one call of the function on `buffers` into a graph of this instance's pool."""
+        device = next(iter(buffers.values())).device
+        _, capture = self._streams_of(device)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.stream(capture):
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
@@ -179,10 +214,13 @@ class StepGraphs:
                     graph.capture_end()
                 raise
             graph.capture_end()
-        here.wait_stream(capture)
-        entry = _Captured(graph, buffers, tuple(outputs))
-        self.captured[key] = entry
-        took = time.perf_counter() - began
-        self.capture_s += took
-        log.debug("%s: captured CUDA graph %s in %.0f ms", self.name, key, took * 1e3)
-        return entry
+        torch.cuda.current_stream(device).wait_stream(capture)
+        return graph, tuple(outputs)
+
+    def _release_cache(self, device: torch.device) -> bool:
+        """Hand the allocator's cached, unused blocks on `device` back to it; False if none were."""
+        if torch.cuda.memory_reserved(device) <= torch.cuda.memory_allocated(device):
+            return False
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return True

@@ -133,3 +133,47 @@ def test_a_failed_capture_from_the_steps_own_inputs_fails_that_step_only() -> No
         graphs(2, {"x": torch.ones(2), "slot": torch.tensor([3, 4])})  # its rows were stepped once
     (out,) = graphs(2, {"x": torch.ones(2), "slot": torch.tensor([3, 4])})
     assert out.tolist() == [2.0, 2.0] and graphs.tries == [2] and graphs.eager == {2}
+
+
+class ShortOfMemoryGraphs(CpuGraphs):
+    """Graphs whose first `short` recordings find no memory for their graph pool, as a capture does
+    while the allocator holds the memory it needs cached (a fault the CPU cannot cause)."""
+
+    def __init__(self, fn: CountingStep, short: int, cached: bool = True) -> None:
+        super().__init__(fn, "test decode")
+        self.short, self.cached = short, cached
+        self.released = 0
+
+    def _record(self, buffers, static):  # type: ignore[no-untyped-def]
+        if self.short:
+            self.short -= 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 84.00 MiB")
+        return super()._record(buffers, static)
+
+    def _release_cache(self, device: torch.device) -> bool:
+        self.released += self.cached
+        return self.cached
+
+
+def test_a_capture_short_of_memory_releases_the_cache_and_records_once_more() -> None:
+    runs = []
+    for short in (0, 1):
+        step = CountingStep()
+        graphs = ShortOfMemoryGraphs(step, short=short)
+        (out,) = graphs(2, {"x": torch.tensor([1.0, 3.0]), "slot": torch.tensor([3, 4])})
+        assert out.tolist() == [2.0, 6.0] and graphs.released == short
+        assert 2 in graphs.captured and not graphs.eager
+        runs.append(step.runs[3:5].tolist())
+    assert runs[1] == runs[0]  # recording again did not step the rows again
+
+
+@pytest.mark.parametrize(("short", "cached"), [(2, True), (1, False)])
+def test_a_capture_still_short_of_memory_fails_its_step_and_leaves_the_key_eager(
+    short: int, cached: bool
+) -> None:
+    graphs = ShortOfMemoryGraphs(CountingStep(), short=short, cached=cached)
+    with pytest.raises(torch.OutOfMemoryError):
+        graphs(2, {"x": torch.ones(2), "slot": torch.tensor([3, 4])})
+    assert graphs.eager == {2} and graphs.released == int(cached)
+    (out,) = graphs(2, {"x": torch.ones(2), "slot": torch.tensor([3, 4])})
+    assert out.tolist() == [2.0, 2.0]

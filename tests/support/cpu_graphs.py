@@ -5,6 +5,7 @@ inputs it was captured from; a replay runs it again on the captured buffers."""
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import torch
 
@@ -30,10 +31,16 @@ class CpuGraphs(StepGraphs):
         self.order: list[Hashable] = []  # keys in the order they were captured
 
     def _capture(self, key: Hashable, inputs: dict[str, torch.Tensor], static: dict[str, int]) -> _Captured:
-        buffers = {name: value.clone() for name, value in inputs.items()}
         self.captured_from[key] = {name: value.clone() for name, value in inputs.items()}
-        outputs = tuple(self.fn(**buffers, **static))  # the warm-up run
-        entry = _Captured(_Replay(self.fn, buffers, outputs, static), buffers, outputs)  # type: ignore[arg-type]
-        self.captured[key] = entry
+        entry = super()._capture(key, inputs, static)
         self.order.append(key)
         return entry
+
+    def _warm_up(self, buffers: dict[str, torch.Tensor], static: dict[str, int]) -> None:
+        pass  # the recording below runs the function once, as a real capture's warm-up run does
+
+    def _record(
+        self, buffers: dict[str, torch.Tensor], static: dict[str, int]
+    ) -> tuple[Any, tuple[torch.Tensor, ...]]:
+        outputs = tuple(self.fn(**buffers, **static))
+        return _Replay(self.fn, buffers, outputs, static), outputs
