@@ -130,7 +130,7 @@ class ThinkerRunner:
             self.audio.ahead(msg.cache_key, msg.features)
             return []
         if isinstance(msg, ForgetPrefix):
-            self.prefix.drop(msg.cache_key)
+            self.prefix.forget(msg.cache_key)
             self.audio.forget(msg.cache_key)
             return []
         if isinstance(msg, AudioStarted):
@@ -291,7 +291,7 @@ class ThinkerRunner:
     def _retire(self, seq: ThinkerSeq) -> None:
         """Free a finished request's slot, or keep it as its conversation's cached prefix."""
         if seq.request.cache_key and seq.embeds:
-            self.prefix.put(seq.request.cache_key, seq.prefix_entry())
+            self.prefix.put(seq.request.cache_key, seq.prefix_entry(), answered=not seq.request.prefill_only)
         else:
             self._release(seq.slot)
 

@@ -28,19 +28,91 @@ def test_position_keys_tell_different_audio_apart() -> None:
     assert same[1] == ("audio", same[1][1], 0) and same[2][2] == 1
 
 
-def test_cache_is_lru_and_releases_slots() -> None:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _entry(slot: int) -> PrefixEntry:
+    return PrefixEntry(slot, [1, 2], None, None)  # type: ignore[arg-type]
+
+
+def _turn(cache: PrefixCache, key: str, slot: int) -> bool:
+    """One turn of `key`'s conversation: its prompt looks up the cache, its answer is stored."""
+    entry, _ = cache.match(key, [1, 2, 3])
+    if entry is not None:
+        cache.take(key)
+    cache.put(key, _entry(slot))
+    return entry is not None
+
+
+def test_conversations_cycling_through_fewer_entries_keep_the_entries_they_have() -> None:
+    """Eight sessions taking turns in order through four entries: least-recently-used eviction
+    would drop each conversation just before its turn comes round; instead the answer stored last
+    goes (its turn is the furthest off), and four of each round's eight turns find theirs."""
+    clock, released = Clock(), list[int]()
+    cache = PrefixCache(4, released.append, clock)
+    sessions = [f"s{i}" for i in range(8)]
+    hits = []
+    for _ in range(5):
+        found = 0
+        for i, key in enumerate(sessions):
+            clock.now += 3.0
+            found += _turn(cache, key, i)
+        hits.append(found)
+    assert hits == [0, 4, 4, 4, 4]
+    assert len(cache) == 4 and sorted(set(released)) == [4, 5, 6, 7] and len(released) == 5 * 4
+
+
+def test_a_turn_still_being_spoken_is_kept_over_stored_answers() -> None:
+    clock, released = Clock(), list[int]()
+    cache = PrefixCache(2, released.append, clock)
+    cache.put("a", _entry(0))
+    clock.now = 1.0
+    cache.put("b", _entry(1))
+    clock.now = 2.0
+    cache.put("c", _entry(2), answered=False)  # c's caller is speaking: its turn comes within seconds
+    assert released == [1], "b's answer was stored last: its next turn is the furthest off"
+    clock.now = 3.0
+    cache.put("d", _entry(3), answered=False)
+    assert released == [1, 0] and len(cache) == 2
+    clock.now = 4.0
+    cache.put("e", _entry(4), answered=False)  # only turns being spoken left: the least recently used
+    assert released == [1, 0, 2]
+
+
+def test_a_conversation_gone_quiet_goes_first() -> None:
+    clock, released = Clock(), list[int]()
+    cache = PrefixCache(3, released.append, clock)
+    cache.put("quiet", _entry(0))
+    for turn in range(4):  # two conversations come back 10 s after each answer
+        for slot, key in ((1, "a"), (2, "b")):
+            clock.now += 5.0
+            assert _turn(cache, key, slot) == (turn > 0)
+    assert cache.stale_after() == 30.0, "twice the usual 10 s, but not below the floor"
+    assert clock.now > 30.0
+    clock.now += 1.0
+    cache.put("c", _entry(3))
+    assert released[-1] == 0, "unused for longer than stale_after: its caller went quiet"
+    clock.now += 1.0
+    cache.put("d", _entry(4))
+    assert released[-1] == 4, "then the answer stored last: d's own, the furthest from its next turn"
+
+
+def test_a_forgotten_conversation_frees_its_slot_and_take_hands_one_over() -> None:
     released: list[int] = []
-    cache = PrefixCache(2, released.append)
-    for i, key in enumerate(["a", "b", "c"]):
-        cache.put(key, PrefixEntry(i, [1, 2], None, None))  # type: ignore[arg-type]
-    assert released == [0] and len(cache) == 2
-    entry, n = cache.match("b", [1, 2, 3])
+    cache = PrefixCache(2, released.append, Clock())
+    cache.put("a", _entry(0))
+    cache.put("b", _entry(1))
+    entry, n = cache.match("a", [1, 2, 3])
     assert entry is not None and n == 2
-    cache.put("d", PrefixEntry(3, [], None, None))  # type: ignore[arg-type]
-    assert released == [0, 2], "c was the least recently used"
-    assert cache.take("b") == 1 and len(cache) == 1
-    cache.drop("d")
-    assert released == [0, 2, 3]
+    assert cache.take("a") == 0 and len(cache) == 1 and released == []
+    cache.forget("b")
+    assert released == [1] and len(cache) == 0
+    assert not cache.evict_one()
 
 
 def _profile(checkpoint: Path, entries: int, overlap: bool = False):
