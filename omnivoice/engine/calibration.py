@@ -5,8 +5,9 @@ Measured admission (engine/capacity.py) fits each stage's step time against its 
 steps it has run. A fresh server has run none; left alone it would learn its capacity from its first
 users, one narrow batch at a time, and refuse the rest meanwhile (a figure fitted to one small batch
 is cautious, and trusted only up to twice that batch). So the engine runs one short burst at each
-batch bucket (1, 2, 4, ... up to the narrowest stage's max_batch) through every stage, long enough
-that each stage times several decode steps at each size (and `capacity.min_steps` in all); the
+batch bucket (1, 2, 4, ... up to the narrower of the thinker's and talker's max_batch) through every
+stage, long enough that each stage times several decode steps at each size (and `capacity.min_steps`
+in all; Code2Wav steps at most its own max_batch of them at once); the
 workers report those step times with their stats and the capacity is fitted to them. Real traffic
 then refines it: each size keeps the median of its latest steps, so served steps replace the
 calibration's. A start of the same model, stage settings, torch version and devices uses the last
@@ -48,8 +49,14 @@ REPEATS = 2  # times the bursts of sizes a stage with graphs left for later did 
 
 
 def calibration_sizes(stages: StagesConfig) -> tuple[int, ...]:
-    """The batch sizes measured: powers of two up to the narrowest stage's max_batch, and it."""
-    return power_buckets(min(stages.thinker.max_batch, stages.talker.max_batch, stages.code2wav.max_batch))
+    """The burst sizes: powers of two up to the narrower language model's max_batch, and it. Code2Wav
+    steps at most its own max_batch of a burst's streams at once, whatever the burst."""
+    return power_buckets(min(stages.thinker.max_batch, stages.talker.max_batch))
+
+
+def step_widths(stages: StagesConfig) -> dict[str, int]:
+    """The most requests a step of each stage takes."""
+    return {s: stages.stage(s).max_batch for s in ("thinker", "talker", "code2wav")}
 
 
 def chunk_frames(stages: StagesConfig, chunks: int) -> int:
@@ -93,14 +100,19 @@ def widest_timed(worker: StageStats) -> int:
 
 
 def sizes_to_repeat(
-    sizes: tuple[int, ...], backlogged: set[tuple[str, int]], workers: tuple[StageStats, ...]
+    sizes: tuple[int, ...],
+    backlogged: set[tuple[str, int]],
+    workers: tuple[StageStats, ...],
+    widths: dict[str, int],
 ) -> tuple[int, ...]:
-    """The calibrated sizes past the widest that some worker of `backlogged` (the workers that had
-    graphs left for after the start) has timed."""
-    widest = [widest_timed(w) for w in workers if (w.name, w.replica) in backlogged]
-    if not widest:
-        return ()
-    return tuple(s for s in sizes if s > min(widest))
+    """The calibrated sizes whose steps some worker of `backlogged` (the workers that had graphs left
+    for after the start) has not timed: past its widest timed size, up to its stage's widest step
+    (`widths`)."""
+    return tuple(
+        s
+        for s in sizes
+        if any(widest_timed(w) < min(s, widths[w.name]) for w in workers if (w.name, w.replica) in backlogged)
+    )
 
 
 def _bursts(
@@ -146,7 +158,7 @@ def calibrate(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_
     capacity = _reported(engine)
     backlogged |= _backlogged(engine)
     for round_ in range(1, REPEATS + 1):
-        again = sizes_to_repeat(sizes, backlogged, engine.replica_stats())
+        again = sizes_to_repeat(sizes, backlogged, engine.replica_stats(), step_widths(stages))
         if not again:
             break
         log.info(

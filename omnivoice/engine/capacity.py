@@ -11,7 +11,9 @@ through the origin, the cautious reading until larger batches have been seen) an
 batch whose step still fits the stage's budget: the audio one step makes for each request (a frame
 of text for the thinker, a frame for the talker, a chunk for Code2Wav) times the headroom, and at
 most twice the widest batch measured (the line is not trusted further: the figure grows as wider
-batches are served and measured). The
+batches are served and measured). Code2Wav's streams each need a window per chunk, not a row in
+every step, so its figure is the steps of its widest batch that fit in a chunk's time, times that
+batch: it serves more streams than its max_batch. The
 engine's capacity is the smallest over its stages (`engine_capacity`); the server refuses a stream
 that would go past it, and any new stream while an admitted one has already run dry.
 """
@@ -85,33 +87,59 @@ def fit(times: Sequence[tuple[int, float, int]]) -> tuple[float, float] | None:
 
 
 def stage_streams(
-    times: Sequence[tuple[int, float, int]], budget_s: float, cfg: CapacityConfig, cap: int
+    times: Sequence[tuple[int, float, int]],
+    budget_s: float,
+    cfg: CapacityConfig,
+    cap: int,
+    rows_per_step: int | None = None,
 ) -> int | None:
     """Requests one worker can step within `budget_s` x headroom each (at most `cap`); None until it
-    has measured `cfg.min_steps` steps."""
+    has measured `cfg.min_steps` steps.
+
+    `rows_per_step`: for a stage whose requests each need one row per budget, not one in every step
+    (Code2Wav: a window per chunk of playback), the most rows one of its steps takes. Such a stage
+    serves more requests than a step holds by stepping several times within the budget: as many as
+    its steps of that width fit in it, times the width."""
     line = fit(times)
     if line is None or sum(n for _, _, n in times if n >= MIN_SIZE_STEPS) < cfg.min_steps:
         return None
     base, per = line
-    room = budget_s * cfg.headroom - base
+    room = budget_s * cfg.headroom
+    trusted = min(cap, TRUST_FACTOR * max(b for b, _, n in times if n >= MIN_SIZE_STEPS))
+    if rows_per_step is not None:
+        rows = min(rows_per_step, trusted)
+        step = base + per * rows
+        if step <= 0:
+            return cap
+        return min(cap, math.floor(room / step + 1e-9) * rows)
+    room -= base
     if room < 0:
         return 0
-    trusted = min(cap, TRUST_FACTOR * max(b for b, _, n in times if n >= MIN_SIZE_STEPS))
     if per <= 0:
         return trusted
     return min(trusted, math.floor(room / per + 1e-9))  # 1e-9: a budget met exactly is met
 
 
 def engine_capacity(
-    workers: Sequence[StageStats], budgets: dict[str, float], caps: dict[str, int], cfg: CapacityConfig
+    workers: Sequence[StageStats],
+    budgets: dict[str, float],
+    caps: dict[str, int],
+    cfg: CapacityConfig,
+    rows_per_step: dict[str, int] | None = None,
 ) -> tuple[int | None, dict[str, int | None]]:
     """Streams the engine can serve in real time (None: not measured yet), and each stage's figure.
 
     A stage's figure is the sum over its workers; a worker not measured yet counts as its best
-    measured sibling (requests are spread evenly over replicas)."""
+    measured sibling (requests are spread evenly over replicas). `rows_per_step`: the stages whose
+    requests need a row per budget, not per step, with their widest step (`stage_streams`)."""
+    widths = rows_per_step or {}
     per_stage: dict[str, int | None] = {}
     for name, budget in budgets.items():
-        mine = [stage_streams(w.step_times, budget, cfg, caps[name]) for w in workers if w.name == name]
+        mine = [
+            stage_streams(w.step_times, budget, cfg, caps[name], widths.get(name))
+            for w in workers
+            if w.name == name
+        ]
         known = [n for n in mine if n is not None]
         per_stage[name] = sum(known) + (len(mine) - len(known)) * max(known) if known else None
     known_stages = [n for n in per_stage.values() if n is not None]

@@ -80,6 +80,8 @@ class Engine(ModelFront, Dispatch):
         frame_s = 1.0 / model.spec.frame_rate
         chunk = profile.stages.code2wav.chunk.frames
         self._step_budgets = {"thinker": frame_s, "talker": frame_s, "code2wav": chunk * frame_s}
+        # Code2Wav's streams take turns in its steps (a window each per chunk), at most max_batch a step
+        self._rows_per_step = {"code2wav": profile.stages.code2wav.max_batch}
         self.failure: str | None = None  # set when a stage worker died; the engine then refuses work
         # what a device fault in a stage of this process does: end the process (device_fault.exit_soon)
         self.on_device_fault: Callable[[str], None] = exit_soon
@@ -255,7 +257,9 @@ class Engine(ModelFront, Dispatch):
         if not cfg.enabled:
             return Capacity(None, len(streams), worst)
         caps: dict[str, int] = dict(zip(STAGES, self._capacity, strict=True))
-        total, per_stage = engine_capacity(self.replica_stats(), self._step_budgets, caps, cfg)
+        total, per_stage = engine_capacity(
+            self.replica_stats(), self._step_budgets, caps, cfg, self._rows_per_step
+        )
         stalled = worst is not None and worst < cfg.min_slack_s
         return Capacity(total, len(streams), worst, stalled, tuple(per_stage.items()))
 

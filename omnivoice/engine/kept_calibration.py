@@ -43,8 +43,9 @@ KEY_WORDS = {
 }
 # how the calibration times the steps (engine/calibration.py); raised when a change to it makes the
 # figures kept by the old way wrong (2: the bursts a stage with graphs left for later did not time
-# run again, where before its wide sizes could go untimed)
-METHOD = 2
+# run again, where before its wide sizes could go untimed; 3: the bursts go up to the thinker's and
+# talker's max_batch, not Code2Wav's, which left them untimed past a narrower Code2Wav's)
+METHOD = 3
 
 
 class Seeded(Protocol):

@@ -28,11 +28,29 @@ def _times(*sizes: int) -> tuple[tuple[int, float, int], ...]:
 def test_the_sizes_past_the_widest_a_backlogged_worker_timed_are_repeated() -> None:
     thinker = StageStats("thinker", 0, 0, 0, 0, step_times=_times(*SIZES))
     code2wav = StageStats("code2wav", 0, 0, 0, 0, step_times=(*_times(1, 2), (4, 0.05, 2)))
-    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (thinker, code2wav)) == (4, 8)  # 2 steps at 4: too few
-    assert sizes_to_repeat(SIZES, {("thinker", 0)}, (thinker, code2wav)) == ()
-    assert sizes_to_repeat(SIZES, set(), (thinker, code2wav)) == ()  # no backlog: nothing to excuse
+    widths = dict.fromkeys(("thinker", "talker", "code2wav"), 8)
+    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (thinker, code2wav), widths) == (4, 8)  # 2 steps at 4
+    assert sizes_to_repeat(SIZES, {("thinker", 0)}, (thinker, code2wav), widths) == ()
+    assert sizes_to_repeat(SIZES, set(), (thinker, code2wav), widths) == ()  # no backlog: nothing to excuse
     fresh = StageStats("code2wav", 0, 0, 0, 0)
-    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (fresh,)) == SIZES
+    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (fresh,), widths) == SIZES
+
+
+def test_a_stage_whose_steps_are_narrower_than_the_bursts_is_not_repeated_for_what_it_cannot_step() -> None:
+    """Code2Wav with max_batch 4 steps at most 4 of a burst of 8: having timed 4 it has timed all."""
+    code2wav = StageStats("code2wav", 0, 0, 0, 0, step_times=_times(1, 2, 4))
+    widths = {"thinker": 8, "talker": 8, "code2wav": 4}
+    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (code2wav,), widths) == ()
+    short = StageStats("code2wav", 0, 0, 0, 0, step_times=_times(1, 2))
+    assert sizes_to_repeat(SIZES, {("code2wav", 0)}, (short,), widths) == (4, 8)
+
+
+def test_the_bursts_go_up_to_the_narrower_language_model_not_to_code2wav() -> None:
+    narrow = {"worker": "thread", "max_batch": 4, "max_seq_len": 256}
+    profile = parse_profile({"stages": {"thinker": STAGE, "talker": STAGE, "code2wav": narrow}})
+    assert calibration_sizes(profile.stages) == SIZES
+    profile = parse_profile({"stages": {"thinker": STAGE, "talker": narrow, "code2wav": STAGE}})
+    assert calibration_sizes(profile.stages) == (1, 2, 4)
 
 
 class BackloggedEngine:

@@ -65,6 +65,21 @@ def test_a_stage_fits_as_many_requests_as_its_budget_allows() -> None:
     assert stage_streams(_times((0.010, 0.005), [1], steps=3), FRAME_S, CFG, cap=64) is None
 
 
+def test_a_stage_that_serves_a_row_per_budget_steps_several_times_within_it() -> None:
+    """Code2Wav: each stream needs a window per chunk (2 s), not a row in every step, so a stage of
+    8 rows a step serves as many streams as its 8-row steps fit in a chunk's time, times 8."""
+    chunk_s = 25 * FRAME_S  # 1.6 s with the headroom
+    times = _times((0.010, 0.005), [1, 2, 4, 8])  # 50 ms a step of 8: 32 steps in 1.6 s
+    assert stage_streams(times, chunk_s, CFG, cap=1000, rows_per_step=8) == 32 * 8
+    assert stage_streams(times, chunk_s, CFG, cap=100, rows_per_step=8) == 100  # the fixed cap bounds it
+    # measured up to 2 rows only: steps of 4 (twice that) are what is trusted, 30 ms each: 53 steps
+    assert stage_streams(_times((0.010, 0.005), [1, 2]), chunk_s, CFG, cap=1000, rows_per_step=8) == 53 * 4
+    # a step of its widest batch over the budget: none
+    assert stage_streams(_times((2.0, 0.0), [1, 8]), chunk_s, CFG, cap=1000, rows_per_step=8) == 0
+    # without rows_per_step the same steps count a stream per row: at most twice the widest measured
+    assert stage_streams(times, chunk_s, CFG, cap=1000) == 16
+
+
 def test_the_engine_takes_its_tightest_stage_and_adds_up_replicas() -> None:
     def worker(name: str, line: tuple[float, float], replica: int = 0, steps: int = 20) -> StageStats:
         return StageStats(name, 0, 0, 0, 0, replica=replica, step_times=_times(line, [1, 2, 4, 128], steps))
@@ -80,6 +95,9 @@ def test_the_engine_takes_its_tightest_stage_and_adds_up_replicas() -> None:
     total, per_stage = engine_capacity(workers, budgets, dict.fromkeys(budgets, 1000), CFG)
     assert per_stage == {"thinker": 59, "talker": 30, "code2wav": 155}
     assert total == 30
+    # Code2Wav at 8 rows a step (its max_batch): 130 ms steps, 12 of them in 1.6 s
+    total, per_stage = engine_capacity(workers, budgets, dict.fromkeys(budgets, 1000), CFG, {"code2wav": 8})
+    assert per_stage["code2wav"] == 12 * 8 and total == 30
     unmeasured = [worker("talker", (0.01, 0.005), steps=0)]
     assert engine_capacity(unmeasured, budgets, dict.fromkeys(budgets, 1000), CFG) == (
         None,
