@@ -48,6 +48,14 @@ def is_device_fault(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(marker in text for marker in _MARKERS)
 
 
+def failure_text(error: BaseException) -> str:
+    """What a request failed by `error` is told. A device out of memory names the GPU's processes and
+    allocator figures, which are the operator's (the log has them), not the client's."""
+    if type(error).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch
+        return "out of GPU memory in this step; retry shortly (the server's log has the details)"
+    return str(error)
+
+
 def exit_soon(reason: str, delay_s: float = EXIT_DELAY_S) -> None:
     """End this process `delay_s` from now with EXIT_DEVICE_FAULT, without the interpreter's teardown
     (which would free tensors on the faulted device and abort)."""

@@ -25,7 +25,7 @@ from omnivoice.config import PriorityConfig
 from omnivoice.engine.board import PriorityBoard, Seat
 from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
-from omnivoice.engine.device_fault import DeviceFault, is_device_fault
+from omnivoice.engine.device_fault import DeviceFault, failure_text, is_device_fault
 from omnivoice.engine.mps import mps_client
 from omnivoice.engine.parent_watch import server_alive
 from omnivoice.engine.process_stats import process_stats
@@ -333,7 +333,8 @@ class StageWorker:
             self._tombstone(rid)
             self._next.pop(rid, None)
             self.runner.abort(rid)
-            self.engine.put(StageFinished(rid, self.runner.name, "error", error=f"{self.runner.name}: {err}"))
+            error = f"{self.runner.name}: {failure_text(err)}"
+            self.engine.put(StageFinished(rid, self.runner.name, "error", error=error))
 
     def _route(self, outs: list[Any]) -> None:
         """Each destination's share of `outs`, in their order, in one `put_many`: a step's outputs

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from omnivoice.engine.connectors import LocalConnector
 from omnivoice.engine.device_fault import is_device_fault
@@ -104,3 +105,39 @@ async def test_a_fault_in_a_thread_stage_fails_requests_and_ends_the_server(
                 pass
     finally:
         await eng.close()
+
+
+class OutOfMemoryRunner(FaultingRunner):
+    def step(self, defer_ahead: bool = False) -> list[Any]:
+        self.steps += 1
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 94.00 MiB. GPU 0 has a total capacity of 79.18 GiB "
+            "of which 82.19 MiB is free. Process 5136 has 66.00 MiB memory in use."
+        )
+
+
+def test_a_step_out_of_memory_fails_its_requests_without_the_gpus_figures_and_steps_on() -> None:
+    runner = OutOfMemoryRunner()
+    inbox, talker, engine = LocalConnector(), LocalConnector(), LocalConnector()
+    thread = threading.Thread(target=StageWorker(runner, inbox, [talker], engine).run, daemon=True)
+    thread.start()
+    failed: list[StageFinished] = []
+
+    def collect() -> list[StageFinished]:
+        while (msg := engine.get(timeout=0.05)) is not None:
+            if isinstance(msg, StageFinished):
+                failed.append(msg)
+        return failed
+
+    try:
+        inbox.put(request("a"))
+        wait_until(collect, what="the request's failure")
+        assert [(m.request_id, m.reason) for m in failed] == [("a", "error")]
+        error = failed[0].error or ""
+        assert "out of GPU memory" in error and "Process 5136" not in error and "GiB" not in error
+        inbox.put(request("b"))  # not a device fault: the stage goes on stepping
+        wait_until(lambda: len(collect()) == 2, what="the second request's failure")
+        assert [m.request_id for m in failed] == ["a", "b"] and runner.steps == 2 and thread.is_alive()
+    finally:
+        inbox.put(Shutdown())
+        thread.join(5)
