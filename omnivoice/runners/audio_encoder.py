@@ -209,11 +209,24 @@ class AudioEncoder:
         if not self.graphs.enabled:
             return
         began = time.perf_counter()
+        keys = [(rows, chunks) for rows in self.window_sizes for chunks in range(1, self.window_chunks + 1)]
         try:
-            for rows in self.window_sizes:
-                for chunks in range(1, self.window_chunks + 1):
-                    mel = torch.zeros(self.n_mels, chunks * self.chunk)
-                    self._call([Window(mel, False)] * rows)
+            for rows, chunks in keys:  # narrowest and shortest first: what fits goes in first
+                mel = torch.zeros(self.n_mels, chunks * self.chunk)
+                self._call([Window(mel, False)] * rows)
+        except torch.OutOfMemoryError as e:  # the wider ones need more still: those run eagerly
+            left = [k for k in keys if k not in self.graphs.captured]
+            self.graphs.eager.update(left)
+            log.warning(
+                "audio encoder: %d of %d CUDA graphs captured; %d (windows x chunks from %s on) run eagerly, "
+                "no memory for their graphs (%s)",
+                len(self.graphs.captured),
+                len(keys),
+                len(left),
+                left[0],
+                str(e).splitlines()[0],
+            )
+            return
         except RuntimeError as e:  # an op of the tower that cannot be captured: the same math, eager
             torch.cuda.synchronize(self.device)
             self.graphs.captured.clear()

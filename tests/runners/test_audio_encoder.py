@@ -11,6 +11,7 @@ import torch
 
 from omnivoice.models.loader import load_model
 from omnivoice.runners.audio_encoder import AudioEncoder, Window, audio_tower, conv_tokens, window_buckets
+from tests.support.cpu_graphs import CpuGraphs
 
 # one frame; under a chunk (odd and even convolution lengths); exactly a chunk; a padded last chunk;
 # exactly a window; a window and one frame; several windows and a short tail
@@ -99,3 +100,30 @@ def test_bad_features_are_refused(thinker) -> None:
         encoder.windows(torch.zeros(128, 0))
     with pytest.raises(ValueError, match="CUDA"):
         AudioEncoder(audio_tower(thinker), torch.device("cpu"), max_windows=2, graphs=True)
+
+
+class ShortOfMemory(CpuGraphs):
+    """Graphs that find no memory from key `full` on, as a GPU beside a full memory does."""
+
+    def __init__(self, fn, full: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(fn, "audio encoder")
+        self.full = full
+
+    def _capture(self, key, inputs, static):  # type: ignore[no-untyped-def]
+        if key >= self.full:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 376.00 MiB")
+        return super()._capture(key, inputs, static)
+
+
+def test_graphs_that_do_not_fit_run_eagerly_and_the_rest_stay_captured(thinker) -> None:
+    encoder = AudioEncoder(audio_tower(thinker), torch.device("cpu"), max_windows=4)
+    encoder.graphs = graphs = ShortOfMemory(encoder._forward, full=(4, 1))
+    encoder.capture_all()
+    keys = [(r, c) for r in encoder.window_sizes for c in range(1, encoder.window_chunks + 1)]
+    assert set(graphs.captured) == {k for k in keys if k < (4, 1)} and graphs.captured
+    assert graphs.eager == {k for k in keys if k >= (4, 1)} and graphs.enabled
+    mels = clips([801, 1777, 37])  # 2 + 3 + 1 windows: one call of 4, one of 2
+    outs = encoder.encode_clips(mels)
+    for n, mel, out in zip([801, 1777, 37], mels, outs, strict=True):
+        torch.testing.assert_close(out, reference(thinker, mel), rtol=1e-5, atol=1e-7, msg=f"{n} frames")
+    assert set(graphs.captured) == {k for k in keys if k < (4, 1)}  # no capture tried while encoding
