@@ -1,4 +1,4 @@
-"""Before serving: one burst of short requests through every stage, as wide as a stage's batch.
+"""Before serving: one burst of short requests through every stage, as wide as the thinker's batch.
 
 The first time a stage prefills a full batch of prompts it pays costs that later bursts do not: the
 CUDA caching allocator grows its pools to the burst's working set, and the libraries pick and set up
@@ -35,9 +35,10 @@ MAX_PROMPT_TOKENS = 256  # past this the burst's shapes are bigger than a voice 
 def burst_requests(
     stages: StagesConfig, spec: ModelSpec, info: ModelInfo, newline_id: int
 ) -> list[GenerationRequest]:
-    """As many requests as the narrowest stage batches, each prompt as long as the thinker's prefill
-    budget, its context and MAX_PROMPT_TOKENS allow."""
-    rows = min(stages.thinker.max_batch, stages.talker.max_batch, stages.code2wav.max_batch)
+    """As many requests as the narrower of the thinker and the talker batches (Code2Wav steps its own
+    max_batch of them at a time), each prompt as long as the thinker's prefill budget, its context and
+    MAX_PROMPT_TOKENS allow."""
+    rows = min(stages.thinker.max_batch, stages.talker.max_batch)
     first = stages.code2wav.chunk.first_frames
     # the talker's context keeps room for the frames (a prompt that fills it gets its audio cut)
     room = info.max_prompt_tokens - first - 2

@@ -12,8 +12,8 @@ import pytest
 from omnivoice.config import parse_profile
 from omnivoice.engine import warm_burst
 from omnivoice.engine.engine import Engine
-from omnivoice.models.dummy import REDUCED, DummySource
-from omnivoice.types import AudioChunk, Finished, GenerationRequest, Prompt, Sampling, TextDelta
+from omnivoice.models.dummy import REDUCED, DummySource, dummy_spec
+from omnivoice.types import AudioChunk, Finished, GenerationRequest, ModelInfo, Prompt, Sampling, TextDelta
 from tests.support.polling import until
 
 STAGE = {"worker": "thread", "max_batch": 3, "max_seq_len": 256}
@@ -31,6 +31,15 @@ def test_the_burst_is_on_by_default_only_for_a_cuda_thinker() -> None:
     replicas = {**STAGE, "replicas": 2, "devices": ["cuda:0", "cuda:1"]}
     assert parse_profile(_profile(thinker=replicas)).stages.warms_burst()
     assert parse_profile(_profile(warm_burst=True)).stages.warms_burst()
+
+
+def test_the_burst_is_as_wide_as_the_narrower_language_model_not_code2wav() -> None:
+    spec = dummy_spec(DummySource("qwen3-omni-30b-a3b", overrides=REDUCED))
+    info = ModelInfo("tiny", 24000, ("Ethan",), "Ethan", 256)
+    narrow = {**STAGE, "max_batch": 1}
+    wide = {**STAGE, "max_batch": 4}
+    profile = parse_profile({"stages": {"thinker": wide, "talker": STAGE, "code2wav": narrow}})
+    assert len(warm_burst.burst_requests(profile.stages, spec, info, newline_id=10)) == 3
 
 
 def _stage_threads() -> set[str]:
