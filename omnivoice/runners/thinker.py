@@ -157,7 +157,9 @@ class ThinkerRunner:
         pending = self._prefill_batch.pop(request_id, None)
         seq = self.running.pop(request_id, None)
         if seq is not None and not in_prefill:
-            self._retire(seq)  # a barged-in answer still leaves a reusable prefix
+            # a barged-in answer, or a speculative one the caller spoke past, still leaves a reusable
+            # prefix, and its caller is speaking: the turn that takes it back comes soon
+            self._retire(seq, answered=False)
         elif seq is not None:  # its prefill failed: its slot holds nothing to keep
             self._release(seq.slot)
         elif pending is not None:
@@ -288,10 +290,12 @@ class ThinkerRunner:
         resets.append((p.slot, params, req.prompt.input_ids))
         return seq, prompt
 
-    def _retire(self, seq: ThinkerSeq) -> None:
-        """Free a finished request's slot, or keep it as its conversation's cached prefix."""
+    def _retire(self, seq: ThinkerSeq, answered: bool = True) -> None:
+        """Free a finished request's slot, or keep it as its conversation's cached prefix: a stored
+        answer (`answered`, its playback still ahead), or a turn its caller is still speaking."""
         if seq.request.cache_key and seq.embeds:
-            self.prefix.put(seq.request.cache_key, seq.prefix_entry(), answered=not seq.request.prefill_only)
+            answered = answered and not seq.request.prefill_only
+            self.prefix.put(seq.request.cache_key, seq.prefix_entry(), answered=answered)
         else:
             self._release(seq.slot)
 

@@ -127,3 +127,26 @@ def test_a_failed_prefill_fails_its_batch_not_the_running_rows(thinker, where: s
     assert got["running"] == alone["alone"], "the running request went on as if nothing happened"
     assert ("new-2" in got) == (where == "admission"), "a request still waiting was not failed"
     assert thinker.cache.free_slots + len(thinker.prefix) == slots, "every slot came back"
+
+
+def test_an_answer_cut_short_is_kept_as_a_turn_being_spoken_not_as_a_stored_answer(thinker) -> None:
+    """A barged-in answer (or a speculative one its caller spoke past) comes back within seconds:
+    with the cache full, a stored answer makes way for it, not the other way round."""
+    keys = ("cut-a", "cut-b", "cut-c")
+    while thinker.prefix.evict_one():  # what earlier tests left
+        pass
+    try:
+        for i, key in enumerate(keys[:2]):  # two answers stored: the cache's two entries
+            _run(thinker, [_request(f"cut-{i}", [NEWLINE_ID + 1 + i] * 20, key)])
+        assert len(thinker.prefix) == 2
+        thinker.accept(NewRequest(_request("cut-2", [NEWLINE_ID + 3] * 20, keys[2])))
+        while "cut-2" not in thinker.running:
+            thinker.step()
+        thinker.step()
+        thinker.abort("cut-2")  # the caller barged in
+        assert thinker.prefix.match("cut-c", [])[0] is not None, "the cut answer was kept"
+        assert thinker.prefix.match("cut-b", [])[0] is None, "the answer stored last made way"
+        assert thinker.prefix.match("cut-a", [])[0] is not None
+    finally:
+        for key in keys:
+            thinker.prefix.forget(key)
