@@ -29,7 +29,8 @@
 #                 restarted in"; rt-fault-s<N>.json/.log the turns
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
-# spoken question made with espeak-ng on the CPU machine). Everything measured so far is packed into
+# spoken question made with espeak-ng on the CPU machine); git ignores both, so the call names them in
+# its `carry` (PHASE=start stops at once, saying so, when they did not come). Everything measured so far is packed into
 # $OUT/r.tgz (r-<name>.tgz for STATE=/tmp/<name>) after every step (a call cut short still returns
 # it): serve.log, start.json, metrics-fresh.txt, rt-s<N>.json/.log, chat-<input>-c<C>.json/.log,
 # metrics-<step>.txt.
@@ -131,7 +132,11 @@ start)
     if alive; then echo "a server is already running (pid $(cat "$STATE/server.pid"))"; exit 0; fi
     if ls .whl/*.whl > /dev/null 2>&1; then  # the GPU image lacks the server's dependencies
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    elif ! python3 -c "import pydantic, starlette, uvicorn" 2>/dev/null; then
+        echo "the server's dependencies are missing and .whl/ holds no wheels: name .whl and .speech in the device call's carry"
+        exit 1
     fi
+    [ -f .speech/utt.wav ] || { echo ".speech/utt.wav is missing: name .speech in the device call's carry"; exit 1; }
     date +%s > "$STATE/t0"
     if [ -n "${MPS:-}${FRONT_ENDS:-}" ]; then
         python3 -c "
