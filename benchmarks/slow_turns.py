@@ -6,7 +6,8 @@ A development tool for the GPU runs (not part of the package):
 
 `bench realtime` lists a run's answered turns (`runs.<mode>.turns`: session, turn, the seconds after
 the run's first speech end that its speech ended, voice-to-voice, turn detection and response ms, and
-the response that answered it); the server logs each response's first audio with the engine's parts
+the response that answered it, with its prompt's tokens and how many of them the server had cached);
+the server logs each response's first audio with the engine's parts
 of the wait (server/session/response.py). This joins the two: the `--top` slowest turns by
 voice-to-voice with their parts, then how the turns over `--slow-ms` spread over the turn index and
 over the run's time, so a tail can be told apart as bunched (one moment of the run, one turn index)
@@ -76,7 +77,8 @@ def slow_turns(
 def format_text(r: dict[str, Any]) -> str:
     lines = [
         f"run {r['run']}: {r['turns']} turns, {r['logged']} with the engine's parts in the log",
-        "session turn   at s   v2v ms  detect  response  engine parts (ms, from the request's start)",
+        "session turn   at s   v2v ms  detect  response  prompt (cached)  engine parts (ms, from the "
+        "request's start)",
     ]
     for t in r["slowest"]:
         engine = t["engine"]
@@ -85,9 +87,12 @@ def format_text(r: dict[str, Any]) -> str:
             if engine is None
             else "  ".join(f"{k} {v:.0f}" for k, v in engine.items() if k != "after")
         )
+        prompt = (
+            "-" if t.get("input_tokens") is None else f"{t['input_tokens']} ({t.get('cached_tokens', 0)})"
+        )
         lines.append(
             f"{t['session']:>7} {t['turn']:>4} {t['at_s']:>6.1f} {t['voice_to_voice_ms']:>8.0f} "
-            f"{_ms(t['turn_detection_ms']):>7} {_ms(t['response_ms']):>9}  {where}"
+            f"{_ms(t['turn_detection_ms']):>7} {_ms(t['response_ms']):>9}  {prompt:>15}  {where}"
         )
     lines.append(f"turns over {r['slow_ms']:.0f} ms by turn index: {r['slow_by_turn'] or 'none'}")
     lines.append(f"... by tenth of the run's {r['span_s']:.1f} s of speech ends: {r['slow_by_tenth']}")

@@ -140,6 +140,7 @@ class StageFinished:
     count: int = 0  # tokens (thinker), frames (talker, code2wav)
     prompt_tokens: int = 0
     error: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, those taken from the conversation's cached prefix (thinker)
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     audio_frames: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those served from the conversation's cached prefix
 
 
 FinishReason = Literal["stop", "length", "abort", "error"]

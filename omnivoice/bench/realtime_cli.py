@@ -164,7 +164,8 @@ def per_turn(records: list[TurnRecord]) -> list[dict[str, Any]]:
     """Each answered turn's figures in ms, in the order its speech ended (`at_s`: seconds after the
     run's first speech end; the client processes share the host's monotonic clock), so a run's slow
     turns can be placed in time: bunched together, or spread over the run. `response_id` finds the
-    server's log line of the response's first audio, with the engine's parts of the wait."""
+    server's log line of the response's first audio, with the engine's parts of the wait;
+    `input_tokens` and `cached_tokens` its prompt and, of it, what the server had cached."""
     ok = [r for r in records if r.ok]
     if not ok:
         return []
@@ -182,6 +183,8 @@ def per_turn(records: list[TurnRecord]) -> list[dict[str, Any]]:
             "voice_to_voice_ms": ms(r.first_audio, r.speech_end),
             "turn_detection_ms": ms(r.stopped, r.speech_end),
             "response_ms": ms(r.first_audio, r.stopped),
+            "input_tokens": r.input_tokens,
+            "cached_tokens": r.cached_tokens,
         }
         for r in sorted(ok, key=lambda r: r.speech_end)
     ]

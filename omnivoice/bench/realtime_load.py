@@ -77,6 +77,9 @@ class TurnRecord:
     status: str | None = None
     error: str | None = None
     response_id: str | None = None  # the response whose audio came first (the server's log names it)
+    # its response.done's usage: the prompt's tokens, and of them those the server had cached
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -193,6 +196,9 @@ class _Caller:
                 turn.chunks.append((now, len(base64.b64decode(event["delta"])) / (2 * RATE)))
             elif kind == "response.done" and turn.stopped is not None:
                 turn.done, turn.status = now, event["response"]["status"]
+                usage = event["response"].get("usage") or {}
+                turn.input_tokens = usage.get("input_tokens")
+                turn.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")
                 self.turn_done.set()
             elif kind == "error":
                 turn.error = event["error"].get("message", "error")

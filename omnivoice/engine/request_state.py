@@ -142,4 +142,5 @@ class RequestState:
             prompt_tokens=t.prompt_tokens if t else len(self.request.prompt.input_ids),
             completion_tokens=t.count if t else self.detok.count,
             audio_frames=self.audio.count if self.audio else 0,
+            cached_tokens=t.cached_tokens if t else 0,
         )

@@ -255,7 +255,10 @@ class ThinkerRunner:
         for b, (p, n_new) in enumerate(zip(batch, lengths, strict=True)):
             seq, prompt = self._start(p, kept[0][b, :n_new], kept[accept][b, :n_new], resets)
             if prompt is None:  # prefill-only: cached, done
-                outs.append(StageFinished(p.request.request_id, "thinker", "stop", 0, seq.prompt_len))
+                rid = p.request.request_id
+                outs.append(
+                    StageFinished(rid, "thinker", "stop", 0, seq.prompt_len, cached_tokens=seq.cached)
+                )
                 continue
             seqs.append(seq)
             prompts.append(prompt)

@@ -62,7 +62,8 @@ class TokenReader:
             outs.append(talker_chunk(seq, token, embed, final, prompt))
         if reason is None:
             return False
-        outs.append(StageFinished(rid, "thinker", reason, len(seq.generated), seq.prompt_len, error))
+        count = len(seq.generated)
+        outs.append(StageFinished(rid, "thinker", reason, count, seq.prompt_len, error, seq.cached))
         return True
 
 

@@ -39,6 +39,7 @@ class ThinkerSeq:
     prompt_len: int
     # frames: tokens read back (the talker makes at most one frame of each while text streams in)
     playback: Playback
+    cached: int = 0  # prompt positions taken from the conversation's cached prefix
     sampled: int = 0  # tokens queued so far (read back or not)
     talking: bool = True  # the talker still takes this request's tokens (until a function call opens)
     generated: list[int] = field(default_factory=list)  # tokens read back
@@ -77,6 +78,7 @@ def start_seq(
         hidden = torch.cat([p.entry.hidden[: p.reuse], hidden])
     params = _sampling(req, max_seq_len)
     seq = ThinkerSeq(req, p.slot, params.max_tokens, prompt_len=n, playback=Playback(stream=req.want_audio))
+    seq.cached = p.reuse
     if req.cache_key:
         seq.keys, seq.embeds, seq.hidden = p.keys, [embeds], [hidden]
     return seq, params, (embeds, hidden)

@@ -48,7 +48,8 @@ def run_tool(
 
 def test_the_slowest_turns_come_with_their_engine_parts_and_their_place_in_the_run(tmp_path: Path) -> None:
     turns = [turn(s, 0, 0.2 * s, 270.0, f"resp_{s}") for s in range(10)]
-    turns += [turn(0, 1, 20.0, 750.0, "resp_a"), turn(1, 1, 20.2, 600.0, "resp_b")]
+    turns += [{**turn(0, 1, 20.0, 750.0, "resp_a"), "input_tokens": 412, "cached_tokens": 0}]
+    turns += [{**turn(1, 1, 20.2, 600.0, "resp_b"), "input_tokens": 409, "cached_tokens": 380}]
     turns += [turn(2, 1, 21.0, 400.0, "resp_c"), turn(3, 1, 25.0, 280.0, None)]
     log = "\n".join(
         [logged("resp_a", 420.0, 300.0, -2.4), logged("resp_b", 300.0, 250.0), "an unrelated line"]
@@ -67,6 +68,8 @@ def test_the_slowest_turns_come_with_their_engine_parts_and_their_place_in_the_r
     assert r["slow_by_tenth"] == [0, 0, 0, 0, 0, 0, 0, 0, 3, 0]  # 20-21 s of a 25 s span
     out = done.stdout
     assert "to_first_token 420" in out and "not in the log" in out and "by turn index: {1: 3}" in out
+    # each turn's prompt and what of it was cached (a report older than that field: "-")
+    assert "412 (0)" in out and "409 (380)" in out and out.count("  -  ") >= 1
 
 
 def test_a_report_without_turns_is_refused_with_the_reason(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from omnivoice.config import parse_profile
 from omnivoice.engine.engine import Engine
 from omnivoice.runners.prefix_cache import PrefixCache, PrefixEntry, common_prefix, position_keys
-from omnivoice.types import AudioPart, ChatMessage, GenerationRequest, Prompt, Sampling, TextPart
+from omnivoice.types import AudioPart, ChatMessage, Finished, GenerationRequest, Prompt, Sampling, TextPart
 from tests.support.engine import audio_of, collect, tokens_of
 from tests.support.polling import until
 
@@ -145,19 +145,19 @@ def _req(engine: Engine, rid: str, messages: list[ChatMessage], key: str | None)
     )
 
 
-async def _conversation(engine: Engine, key: str | None, warm: bool) -> list[tuple[list, str]]:
+async def _conversation(engine: Engine, key: str | None, warm: bool) -> list[tuple[list, Finished]]:
     history = [
         ChatMessage("system", (TextPart("be brief"),)),
         ChatMessage("user", (_speech(1), TextPart("hi"))),
     ]
-    outs1, _ = await collect(engine, _req(engine, "t1", history, key))
+    outs1, done1 = await collect(engine, _req(engine, "t1", history, key))
     text1 = "".join(o.text for o in outs1 if hasattr(o, "text"))
     history += [ChatMessage("assistant", (TextPart(text1),))]
     if warm and key:
         await engine.warm(engine.build_prompt(history), key)  # the user is still speaking
     history += [ChatMessage("user", (_speech(2), TextPart("and then?")))]
-    outs2, _ = await collect(engine, _req(engine, "t2", history, key))
-    return [(outs1, text1), (outs2, "")]
+    outs2, done2 = await collect(engine, _req(engine, "t2", history, key))
+    return [(outs1, done1), (outs2, done2)]
 
 
 # overlap: thinker and talker read each step back after queuing the next (the GPU default), so the
@@ -181,6 +181,10 @@ async def test_cached_turns_match_uncached_turns(tiny_checkpoint: Path, warm: bo
         cached.forget("session-1")
     finally:
         await cached.close()
-    for (e_outs, _), (g_outs, _) in zip(expected, got, strict=True):
+    for (e_outs, e_done), (g_outs, _) in zip(expected, got, strict=True):
         assert tokens_of(g_outs) == tokens_of(e_outs)
+        assert e_done.usage.cached_tokens == 0  # no prefix cache
         np.testing.assert_allclose(audio_of(g_outs), audio_of(e_outs), rtol=0, atol=1e-4)
+    # the second turn's usage counts what its prompt took from the cache
+    first, second = (done.usage for _, done in got)
+    assert first.cached_tokens == 0 and 20 < second.cached_tokens < second.prompt_tokens

@@ -93,6 +93,7 @@ class Script:
     raise_after: int | None = None  # raise RuntimeError after this many outputs
     # (name, arguments) of the calls made after the text, by requests that offer functions
     tool_calls: tuple[tuple[str, str], ...] = ()
+    cached_tokens: int = 0  # of each prompt, the tokens its usage reports as cached (at most all)
 
 
 class AlwaysAdmit:
@@ -226,7 +227,10 @@ class FakeEngine:
                 outs.append(AudioChunk(rid, i, pcm, SAMPLE_RATE))
         if request.tools is not None:
             outs += self._calls(rid)
-        usage = Usage(len(request.prompt.input_ids), len(s.texts), audio_frames=n_audio * 2)
+        prompt = len(request.prompt.input_ids)
+        usage = Usage(
+            prompt, len(s.texts), audio_frames=n_audio * 2, cached_tokens=min(s.cached_tokens, prompt)
+        )
         outs.append(
             Finished(rid, s.finish_reason, usage, error="boom" if s.finish_reason == "error" else None)
         )  # type: ignore[arg-type]

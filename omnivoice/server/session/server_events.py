@@ -84,6 +84,6 @@ def usage_object(usage: Usage | None) -> dict[str, Any] | None:
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "input_tokens": usage.prompt_tokens,
         "output_tokens": usage.completion_tokens,
-        "input_token_details": {"cached_tokens": 0},
+        "input_token_details": {"cached_tokens": usage.cached_tokens},
         "output_token_details": {"text_tokens": usage.completion_tokens, "audio_tokens": usage.audio_frames},
     }

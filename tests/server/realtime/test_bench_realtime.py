@@ -20,7 +20,7 @@ def test_two_sessions_report_voice_to_voice_latency(
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     out = tmp_path / "rt.json"
-    with serve_realtime(Script(audio_chunks=4, delay=0.005)) as srv:
+    with serve_realtime(Script(audio_chunks=4, delay=0.005, cached_tokens=3)) as srv:
         args = parser.parse_args(
             ["--base-url", srv.url, "--sessions", "2", "--turns", "1", "--warmups", "0", "--speech-text",
              "Hello there.", "--silence-ms", "300", "--quiet", "--output-json", str(out)]
@@ -41,6 +41,8 @@ def test_two_sessions_report_voice_to_voice_latency(
     ids = [t["response_id"] for t in on["turns"]]
     assert len(on["turns"]) == 2 and len(set(ids)) == 2 and all(i.startswith("resp_") for i in ids)
     assert on["turns"][0]["at_s"] == 0.0 <= on["turns"][1]["at_s"]
+    # ...and its prompt's tokens, of which the server reported 3 cached (response.done's usage)
+    assert all(t["cached_tokens"] == 3 < t["input_tokens"] for t in on["turns"])
     assert on["speculation"]["started"] == 2 + on["speculation"]["dropped"]
     assert off["speculation"] == dict.fromkeys(off["speculation"], 0)
     assert "speculative responses: off" in format_table(report)
