@@ -91,6 +91,7 @@ class Code2WavRunner:
         )
         self.graph_backlog = GraphBacklog(self.name)  # graphs of wide batches captured once serving
         self.streams: dict[str, _Stream] = {}
+        self._decoding: list[str] = []  # the streams of the step's decode while it runs
         self._steps = 0
         self._last_batch = 0
         self._step_s = 0.0  # moving average of a decode's time
@@ -140,6 +141,8 @@ class Code2WavRunner:
 
     def abort(self, request_id: str) -> None:
         self.streams.pop(request_id, None)
+        if request_id in self._decoding:
+            self._decoding.remove(request_id)
 
     def _target(self, st: _Stream) -> int:
         """End frame of the next chunk, or 0 if it cannot be decoded yet."""
@@ -179,7 +182,9 @@ class Code2WavRunner:
         return self.policy.urgency(st.playback for st in self.streams.values() if self._target(st) > 0)
 
     def active_ids(self) -> list[str]:
-        return list(self.streams)
+        # a step that fails fails the streams it was decoding: the others' state is untouched (each
+        # stream's own advances only once its window is decoded)
+        return list(self._decoding) if self._decoding else list(self.streams)
 
     def stats(self) -> StageStats:
         return StageStats(self.name, 0, len(self.streams), self._last_batch, self._steps)
@@ -190,13 +195,14 @@ class Code2WavRunner:
         ones when `defer_ahead`), one window length per step."""
         outs: list[Any] = []
         ready: list[tuple[str, _Stream, int]] = []
-        for rid, st in list(self.streams.items()):
+        self._decoding = []
+        done: list[str] = []  # ended, all decoded: told once this step's decode has gone through
+        for rid, st in self.streams.items():
             end = self._target(st)
             if end > 0:
                 ready.append((rid, st, end))
             elif st.finished and st.decoded_to >= st.total:
-                outs.append(StageFinished(rid, "code2wav", "stop", st.total))
-                del self.streams[rid]
+                done.append(rid)
         now = self.policy.clock()
         windows: dict[int, list[tuple[str, _Stream, int, int]]] = {}  # decoded length -> chunks
         ranks: dict[int, Priority] = {}  # decoded length -> its most urgent chunk's class
@@ -213,8 +219,12 @@ class Code2WavRunner:
             # never waits behind a batch of long ones, and its audio leaves as soon as its own small
             # forward is done; a stream about to run dry goes before it.
             chunks = windows[min(windows, key=lambda n: (ranks[n], n))]
+            self._decoding = [rid for rid, *_ in chunks]
             outs += self._decode(chunks)
+            self._decoding = []
             self._last_batch = len(chunks)
+        for rid in done:
+            outs.append(StageFinished(rid, "code2wav", "stop", self.streams.pop(rid).total))
         self._steps += 1
         return outs
 
