@@ -11,7 +11,10 @@ process (its pid and start time), and passes its pipe and log directories to eac
 its environment (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY), before any of them touches CUDA.
 The pipeline quits the daemon when it stops, so a restart of the stages begins with a fresh one: after
 a fatal GPU fault an MPS server refuses new clients until every one of its old clients has exited. A
-daemon whose pipeline died without stopping (kill -9) is quit at the next start of a pipeline.
+daemon whose pipeline died without stopping (kill -9) is quit at the next start of a pipeline. A quit
+returns once the daemon and its MPS server have exited (up to `QUIT_TIMEOUT_S`): the daemon only begins
+its shutdown when told, and the server holds the GPU memory of its clients until it ends, so stages
+started at once would load beside that memory and find too little for their graphs.
 
 Where an MPS daemon already runs for the machine (the environment names its pipe directory, or the
 default one, /tmp/nvidia-mps, has a control socket), the stage processes use it as they are, and the
@@ -47,6 +50,7 @@ LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 DEFAULT_PIPE = Path("/tmp/nvidia-mps")  # where CUDA looks when PIPE_ENV is not set
 COMMAND_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 5.0
+QUIT_TIMEOUT_S = 20.0
 MAX_SOCKET_PATH = 108  # bytes of a UNIX socket's path (sun_path), its terminating NUL included
 
 
@@ -201,10 +205,13 @@ def _wait_for(path: Path) -> bool:
 
 
 def _quit(home: Path) -> None:
-    """Quit the daemon of directory `home` (if one answers there) and remove the directory."""
+    """Quit the daemon of directory `home` (if one answers there), wait up to `QUIT_TIMEOUT_S` for its
+    processes to exit, and remove the directory."""
     pipe = home / "pipe"
     program = shutil.which(CONTROL)
+    told = False
     if program is not None and (pipe / "control").exists():
+        told = True
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
                 [program],
@@ -216,4 +223,46 @@ def _quit(home: Path) -> None:
                 timeout=COMMAND_TIMEOUT_S,
                 check=False,
             )
+    if told:
+        _wait_for_exit(pipe, QUIT_TIMEOUT_S)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def _wait_for_exit(pipe: Path, timeout_s: float) -> None:
+    """Wait until no process started for the daemon of `pipe` runs any more, or `timeout_s` passed."""
+    began = time.monotonic()
+    left = daemon_processes(pipe)
+    while left and time.monotonic() - began < timeout_s:
+        time.sleep(0.05)
+        left = daemon_processes(pipe)
+    waited = time.monotonic() - began
+    if left:
+        pids = ", ".join(map(str, left))
+        log.warning(
+            "the MPS daemon of %s still runs %.0f s after it was told to quit (pids %s)", pipe, waited, pids
+        )
+    elif waited >= 1.0:
+        log.info("the MPS daemon of %s took %.1f s to exit", pipe, waited)
+
+
+def daemon_processes(pipe: Path) -> list[int]:
+    """The processes other than this one whose environment names `pipe` as their MPS pipe directory:
+    the control daemon started for it, the MPS server that daemon started, and any client still
+    running. Processes this user cannot read are not seen."""
+    wanted = f"{PIPE_ENV}={pipe}".encode()
+    me = os.getpid()
+    found = []
+    try:
+        entries = list(Path("/proc").iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return sorted(found)

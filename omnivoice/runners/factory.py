@@ -17,6 +17,7 @@ from omnivoice.models.dummy_tokenizer import load_dummy_processor_parts
 from omnivoice.models.loader import ModelSpec, load_processor_parts
 from omnivoice.models.parts import load_part, load_tts_embeds
 from omnivoice.runners.compile_cache import CompiledArtifacts, artifact_key, use_compile_caches_under
+from omnivoice.runners.gpu_memory import memory_note
 from omnivoice.runners.start_steps import Report, StartSteps
 from omnivoice.types import StageName
 
@@ -74,7 +75,15 @@ class RunnerFactory:
         for s, r in first.items():
             cfg = stages.stage(s)
             device = torch.device(cfg.replica_device(r))
-            log.info("loading the %s of %s for %s (%s, %s)", s, path, self.names, device, cfg.dtype)
+            log.info(
+                "loading the %s of %s for %s (%s, %s)%s",
+                s,
+                path,
+                self.names,
+                device,
+                cfg.dtype,
+                memory_note(device),
+            )
             with steps.step("load weights" if len(first) == 1 else f"load {s} weights"):
                 part = _load_part(path, s, device, _DTYPES[cfg.dtype])
             if s != "code2wav" and any(cfg.replica_device(i).startswith("cuda") for x, i in only if x == s):
@@ -103,7 +112,10 @@ class RunnerFactory:
         runner = _runner(
             name, cfg, part, self._tts_embeds, self.spec, self.stages, device, self.tokenizer, steps
         )
-        log.info("%s runner (replica %d) built in %.1f s", name, replica, time.perf_counter() - began)
+        took = time.perf_counter() - began
+        log.info(
+            "%s runner (replica %d) built in %.1f s%s", name, replica, took, memory_note(device, held=True)
+        )
         if self.artifacts is not None:
             try:
                 self.artifacts.save()

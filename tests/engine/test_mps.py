@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from omnivoice.engine.mps import (
     LOG_ENV,
     PIPE_ENV,
     MpsUnavailable,
+    daemon_processes,
     mps_client,
     mps_root,
     shared_devices,
@@ -29,9 +31,20 @@ from omnivoice.engine.pipeline import Pipeline, PipelineStartError
 
 # the stand-in: `-d` makes the control socket (a plain file here) in the pipe directory, `quit` on
 # stdin removes it; each command is written to the journal. FAIL_MPS makes `-d` fail as a driver
-# without MPS support does.
+# without MPS support does. MPS_LINGER=<s> leaves a daemon process running with the environment it
+# was given (its pid in the journal), as the real daemon does; told to quit, it exits <s> later, as the
+# real one ends only once its server has; MPS_LINGER=never: it does not exit.
 CONTROL = f"""#!{sys.executable}
-import os, pathlib, sys
+import os, pathlib, subprocess, sys
+DAEMON = '''
+import pathlib, sys, time
+control, linger = pathlib.Path(sys.argv[1]), sys.argv[2]
+while control.exists():
+    time.sleep(0.02)
+while linger == "never":
+    time.sleep(1)
+time.sleep(float(linger))
+'''
 pipe = pathlib.Path(os.environ.get("{PIPE_ENV}", "/tmp/nvidia-mps"))
 journal = pathlib.Path(os.environ["MPS_JOURNAL"])
 if sys.argv[1:] == ["-d"]:
@@ -41,6 +54,14 @@ if sys.argv[1:] == ["-d"]:
     (pipe / "control").write_text("")
     with journal.open("a") as j:
         j.write(f"start {{pipe}} {{os.environ.get('{LOG_ENV}')}}\\n")
+    if linger := os.environ.get("MPS_LINGER"):
+        daemon = subprocess.Popen(
+            [sys.executable, "-c", DAEMON, str(pipe / "control"), linger],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        with journal.open("a") as j:
+            j.write(f"daemon {{daemon.pid}}\\n")
 else:
     command = sys.stdin.read().strip()
     (pipe / "control").unlink(missing_ok=True)
@@ -103,6 +124,50 @@ def test_the_pipelines_own_daemon_is_started_in_the_run_directory_and_quit_at_it
     daemon.stop()
     assert mps_env.read_text().splitlines()[1:] == [f"quit {pipe}"]
     assert not pipe.parent.exists()
+
+
+def test_a_quit_returns_once_the_daemons_processes_have_exited(
+    mps_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MPS_LINGER", "0.5")
+    daemon = start_mps(stages())
+    assert daemon is not None
+    pid = _daemon_pid(mps_env)
+    assert daemon_processes(Path(daemon.env()[PIPE_ENV])) == [pid]
+    daemon.stop()
+    assert not _runs(pid)  # gone before the stop returned: a next pipeline starts beside no old one
+
+
+def test_a_daemon_that_does_not_exit_is_waited_for_no_longer_than_the_limit(
+    mps_env: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MPS_LINGER", "never")
+    monkeypatch.setattr("omnivoice.engine.mps.QUIT_TIMEOUT_S", 0.3)
+    daemon = start_mps(stages())
+    assert daemon is not None and daemon.home is not None
+    pid = _daemon_pid(mps_env)
+    try:
+        with caplog.at_level(logging.WARNING, logger="omnivoice.engine.mps"):
+            daemon.stop()
+        assert _runs(pid)
+        assert f"still runs 0 s after it was told to quit (pids {pid})" in caplog.text
+        assert not daemon.home.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _daemon_pid(journal: Path) -> int:
+    [pid] = [int(line.split()[1]) for line in journal.read_text().splitlines() if line.startswith("daemon ")]
+    return pid
+
+
+def _runs(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, ended and not yet reaped by its parent, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_daemon_already_running_is_used_and_left_running(
