@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +31,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from omnivoice.runners.gpu_memory import GIB, free_bytes
 from omnivoice.runners.graphs import StepGraphs, bucket
 
 log = logging.getLogger(__name__)
+
+# The encoder's graphs are captured while the other stages may still be loading beside it on the same
+# GPU: they stop short of its last GiB, which a talker's warm-up needed on an 80 GB card
+GRAPHS_LEAVE_BYTES = 2 << 30
 
 
 def conv_tokens(frames: int) -> int:
@@ -89,7 +95,21 @@ class AudioEncoder:
         if graphs and device.type != "cuda":
             raise ValueError("CUDA graphs of the audio encoder need a CUDA device")
         self.graphs = StepGraphs(self._forward, "audio encoder", graphs)
+        self.free_memory: Callable[[], int | None] = lambda: free_bytes(device)
         self.windows_encoded = 0  # since the start: a figure for tests and stats
+
+    def _stop_capturing(self, keys: list[tuple[int, int]], why: str) -> None:
+        """Leave the keys not captured yet to run eagerly (the wider ones: they need more memory still)."""
+        left = [k for k in keys if k not in self.graphs.captured]
+        self.graphs.eager.update(left)
+        log.warning(
+            "audio encoder: %d of %d CUDA graphs captured; %d (windows x chunks from %s on) run eagerly, %s",
+            len(self.graphs.captured),
+            len(keys),
+            len(left),
+            left[0],
+            why,
+        )
 
     # ---- clips and windows ----------------------------------------------------------------------
     def tokens(self, frames: int) -> int:
@@ -212,20 +232,16 @@ class AudioEncoder:
         keys = [(rows, chunks) for rows in self.window_sizes for chunks in range(1, self.window_chunks + 1)]
         try:
             for rows, chunks in keys:  # narrowest and shortest first: what fits goes in first
+                free = self.free_memory()
+                if free is not None and free < GRAPHS_LEAVE_BYTES:
+                    self._stop_capturing(
+                        keys, f"{free / GIB:.1f} GiB left on {self.device}, kept for the other stages"
+                    )
+                    return
                 mel = torch.zeros(self.n_mels, chunks * self.chunk)
                 self._call([Window(mel, False)] * rows)
         except torch.OutOfMemoryError as e:  # the wider ones need more still: those run eagerly
-            left = [k for k in keys if k not in self.graphs.captured]
-            self.graphs.eager.update(left)
-            log.warning(
-                "audio encoder: %d of %d CUDA graphs captured; %d (windows x chunks from %s on) run eagerly, "
-                "no memory for their graphs (%s)",
-                len(self.graphs.captured),
-                len(keys),
-                len(left),
-                left[0],
-                str(e).splitlines()[0],
-            )
+            self._stop_capturing(keys, f"no memory for their graphs ({str(e).splitlines()[0]})")
             return
         except RuntimeError as e:  # an op of the tower that cannot be captured: the same math, eager
             torch.cuda.synchronize(self.device)

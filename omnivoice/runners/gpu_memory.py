@@ -9,6 +9,16 @@ import torch
 GIB = float(1 << 30)
 
 
+def free_bytes(device: torch.device) -> int | None:
+    """The bytes free on a CUDA device; None for any other device or where the driver cannot say."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    try:
+        return int(torch.cuda.mem_get_info(device)[0])
+    except RuntimeError:  # a device fault or no context
+        return None
+
+
 def memory_note(device: torch.device, held: bool = False) -> str:
     """'; cuda:0 has 41.2 of 139.8 GiB free' for a CUDA device (with `held`, also what this process's
     allocator holds there), '' for any other device or where the driver cannot say."""

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 
 from omnivoice.models.loader import load_model
-from omnivoice.runners.audio_encoder import AudioEncoder, Window, audio_tower, conv_tokens, window_buckets
+from omnivoice.runners.audio_encoder import (
+    GRAPHS_LEAVE_BYTES,
+    AudioEncoder,
+    Window,
+    audio_tower,
+    conv_tokens,
+    window_buckets,
+)
 from tests.support.cpu_graphs import CpuGraphs
 
 # one frame; under a chunk (odd and even convolution lengths); exactly a chunk; a padded last chunk;
@@ -127,3 +135,24 @@ def test_graphs_that_do_not_fit_run_eagerly_and_the_rest_stay_captured(thinker) 
     for n, mel, out in zip([801, 1777, 37], mels, outs, strict=True):
         torch.testing.assert_close(out, reference(thinker, mel), rtol=1e-5, atol=1e-7, msg=f"{n} frames")
     assert set(graphs.captured) == {k for k in keys if k < (4, 1)}  # no capture tried while encoding
+
+
+def test_graphs_stop_short_of_the_memory_the_other_stages_need(thinker, caplog) -> None:  # type: ignore[no-untyped-def]
+    encoder = AudioEncoder(audio_tower(thinker), torch.device("cpu"), max_windows=4)
+    encoder.graphs = graphs = CpuGraphs(encoder._forward, "audio encoder")
+    free = [GRAPHS_LEAVE_BYTES + 3 * (256 << 20)]  # room for three graphs of 256 MiB before the floor
+
+    def take() -> int:
+        left = free[0]
+        free[0] -= 256 << 20
+        return left
+
+    encoder.free_memory = take
+    with caplog.at_level(logging.WARNING, logger="omnivoice.runners.audio_encoder"):
+        encoder.capture_all()
+    keys = [(r, c) for r in encoder.window_sizes for c in range(1, encoder.window_chunks + 1)]
+    assert graphs.order == keys[:4] and graphs.eager == set(keys[4:])
+    assert "kept for the other stages" in caplog.text
+    mels = clips([801, 1777, 37])
+    for n, mel, out in zip([801, 1777, 37], mels, encoder.encode_clips(mels), strict=True):
+        torch.testing.assert_close(out, reference(thinker, mel), rtol=1e-5, atol=1e-7, msg=f"{n} frames")
