@@ -209,9 +209,7 @@ def _quit(home: Path) -> None:
     processes to exit, and remove the directory."""
     pipe = home / "pipe"
     program = shutil.which(CONTROL)
-    told = False
     if program is not None and (pipe / "control").exists():
-        told = True
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
                 [program],
@@ -223,7 +221,6 @@ def _quit(home: Path) -> None:
                 timeout=COMMAND_TIMEOUT_S,
                 check=False,
             )
-    if told:
         _wait_for_exit(pipe, QUIT_TIMEOUT_S)
     shutil.rmtree(home, ignore_errors=True)
 

@@ -37,7 +37,7 @@ from omnivoice.runners.graphs import StepGraphs, bucket
 log = logging.getLogger(__name__)
 
 # The encoder's graphs are captured while the other stages may still be loading beside it on the same
-# GPU: they stop short of its last GiB, which a talker's warm-up needed on an 80 GB card
+# GPU: they stop short of its last 2 GiB, which a talker's warm-up needed on an 80 GB card
 GRAPHS_LEAVE_BYTES = 2 << 30
 
 

@@ -9,25 +9,30 @@ import torch
 GIB = float(1 << 30)
 
 
-def free_bytes(device: torch.device) -> int | None:
-    """The bytes free on a CUDA device; None for any other device or where the driver cannot say."""
+def _free_and_total(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of a CUDA device; None for any other device or where the driver cannot say."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     try:
-        return int(torch.cuda.mem_get_info(device)[0])
+        free, total = torch.cuda.mem_get_info(device)
     except RuntimeError:  # a device fault or no context
         return None
+    return int(free), int(total)
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """The bytes free on a CUDA device; None for any other device or where the driver cannot say."""
+    info = _free_and_total(device)
+    return None if info is None else info[0]
 
 
 def memory_note(device: torch.device, held: bool = False) -> str:
     """'; cuda:0 has 41.2 of 139.8 GiB free' for a CUDA device (with `held`, also what this process's
     allocator holds there), '' for any other device or where the driver cannot say."""
-    if device.type != "cuda" or not torch.cuda.is_available():
+    info = _free_and_total(device)
+    if info is None:
         return ""
-    try:
-        free, total = torch.cuda.mem_get_info(device)
-    except RuntimeError:  # a device fault or no context: the log line goes out without it
-        return ""
+    free, total = info
     note = f"; {device} has {free / GIB:.1f} of {total / GIB:.1f} GiB free"
     if held:
         note += f", this process holds {torch.cuda.memory_reserved(device) / GIB:.1f} GiB"

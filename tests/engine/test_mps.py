@@ -28,6 +28,7 @@ from omnivoice.engine.mps import (
     start_mps,
 )
 from omnivoice.engine.pipeline import Pipeline, PipelineStartError
+from omnivoice.engine.process_stats import start_time
 
 # the stand-in: `-d` makes the control socket (a plain file here) in the pipe directory, `quit` on
 # stdin removes it; each command is written to the journal. FAIL_MPS makes `-d` fail as a driver
@@ -135,7 +136,7 @@ def test_a_quit_returns_once_the_daemons_processes_have_exited(
     pid = _daemon_pid(mps_env)
     assert daemon_processes(Path(daemon.env()[PIPE_ENV])) == [pid]
     daemon.stop()
-    assert not _runs(pid)  # gone before the stop returned: a next pipeline starts beside no old one
+    assert start_time(pid) is None  # gone before the stop returned: a next pipeline starts beside no old one
 
 
 def test_a_daemon_that_does_not_exit_is_waited_for_no_longer_than_the_limit(
@@ -149,7 +150,7 @@ def test_a_daemon_that_does_not_exit_is_waited_for_no_longer_than_the_limit(
     try:
         with caplog.at_level(logging.WARNING, logger="omnivoice.engine.mps"):
             daemon.stop()
-        assert _runs(pid)
+        assert start_time(pid) is not None
         assert f"still runs 0 s after it was told to quit (pids {pid})" in caplog.text
         assert not daemon.home.exists()
     finally:
@@ -160,14 +161,6 @@ def test_a_daemon_that_does_not_exit_is_waited_for_no_longer_than_the_limit(
 def _daemon_pid(journal: Path) -> int:
     [pid] = [int(line.split()[1]) for line in journal.read_text().splitlines() if line.startswith("daemon ")]
     return pid
-
-
-def _runs(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, ended and not yet reaped by its parent, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_daemon_already_running_is_used_and_left_running(

@@ -140,7 +140,8 @@ def test_graphs_that_do_not_fit_run_eagerly_and_the_rest_stay_captured(thinker) 
 def test_graphs_stop_short_of_the_memory_the_other_stages_need(thinker, caplog) -> None:  # type: ignore[no-untyped-def]
     encoder = AudioEncoder(audio_tower(thinker), torch.device("cpu"), max_windows=4)
     encoder.graphs = graphs = CpuGraphs(encoder._forward, "audio encoder")
-    free = [GRAPHS_LEAVE_BYTES + 3 * (256 << 20)]  # room for three graphs of 256 MiB before the floor
+    # each capture takes 256 MiB: four start at or above the floor, the fifth would start under it
+    free = [GRAPHS_LEAVE_BYTES + 3 * (256 << 20)]
 
     def take() -> int:
         left = free[0]
