@@ -154,7 +154,8 @@ async def test_client_disconnect_mid_stream_aborts_in_the_engine(server: ServerT
 
     def idle() -> bool:
         stats = engine.stats()
-        return stats.active_requests == 0 and all(s.running == 0 and s.queued == 0 for s in stats.stages)
+        stages_idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
+        return stats.active_requests == 0 and stages_idle and app_of(server).state.admission.in_flight == 0
 
     await until(idle, 15, "the request aborted after the disconnect")
     assert app_of(server).state.admission.in_flight == 0

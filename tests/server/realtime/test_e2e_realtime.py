@@ -226,7 +226,8 @@ async def test_barge_in_cancels_while_the_caller_speaks_and_truncate_edits_histo
 def _idle(engine: Any, app: Any) -> bool:
     stats = engine.stats()
     idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
-    return idle and not stats.active_requests and not app.state.realtime.sessions
+    sessions_gone = not app.state.realtime.sessions and app.state.admission.in_flight == 0
+    return idle and not stats.active_requests and sessions_gone
 
 
 async def test_disconnect_aborts_the_response_everywhere(

@@ -53,7 +53,8 @@ def the_session(server: ServerThread) -> Any:
 def _idle(engine: Any, app: Any) -> bool:
     stats = engine.stats()
     idle = all(s.running == 0 and s.queued == 0 for s in stats.stages)
-    return idle and not stats.active_requests and not app.state.realtime.sessions
+    sessions_gone = not app.state.realtime.sessions and app.state.admission.in_flight == 0
+    return idle and not stats.active_requests and sessions_gone
 
 
 async def echo_marks(carrier: Carrier, count: int | None = None) -> None:
