@@ -420,6 +420,9 @@ class EngineStats:
     routed: int = 0  # requests counted against a replica by the router (sum of replica_load)
     capacity: Capacity | None = None
     hops: tuple[SecondsHistogram, ...] = ()  # a core process's hops (HOPS); none for an in-process engine
+    # the requests the engine serves at once when its start found GPU memory for no wider batch
+    # (`Engine.narrow`); None: the profile's widths
+    narrowed: int | None = None
 
 
 # The talker's context holds a prompt's user positions plus 9 (the assistant start, tts pads and bos,

@@ -35,7 +35,7 @@ import numpy as np
 from omnivoice.config import StagesConfig
 from omnivoice.engine.api import EngineAPI
 from omnivoice.engine.capacity import MIN_SIZE_STEPS
-from omnivoice.engine.warm_burst import run_apart, run_requests
+from omnivoice.engine.warm_burst import burst_width, run_apart, run_requests
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import chat_prompt, text_ids
 from omnivoice.runners.graphs import power_buckets
@@ -48,10 +48,11 @@ STATS_WAIT_S = 5.0  # how long the workers' figures of the last burst may take t
 REPEATS = 2  # times the bursts of sizes a stage with graphs left for later did not time may run again
 
 
-def calibration_sizes(stages: StagesConfig) -> tuple[int, ...]:
-    """The burst sizes: powers of two up to the narrower language model's max_batch, and it. Code2Wav
-    steps at most its own max_batch of a burst's streams at once, whatever the burst."""
-    return power_buckets(min(stages.thinker.max_batch, stages.talker.max_batch))
+def calibration_sizes(stages: StagesConfig, widest: int | None = None) -> tuple[int, ...]:
+    """The burst sizes: powers of two up to the narrower language model's max_batch (or `widest`, the
+    engine's width when its start narrowed it), and it. Code2Wav steps at most its own max_batch of a
+    burst's streams at once, whatever the burst."""
+    return power_buckets(widest or burst_width(stages))
 
 
 def step_widths(stages: StagesConfig) -> dict[str, int]:
@@ -70,13 +71,19 @@ def chunk_frames(stages: StagesConfig, chunks: int) -> int:
 
 
 def calibration_requests(
-    stages: StagesConfig, spec: ModelSpec, info: ModelInfo, newline_id: int, size: int, tag: str = ""
+    stages: StagesConfig,
+    spec: ModelSpec,
+    info: ModelInfo,
+    newline_id: int,
+    size: int,
+    tag: str = "",
+    widest: int | None = None,
 ) -> list[GenerationRequest]:
     """`size` requests whose decode steps each stage runs side by side: enough steps per stage that
-    every size counts (MIN_SIZE_STEPS) and all sizes together reach `capacity.min_steps`."""
-    per_size = max(
-        MIN_SIZE_STEPS + 1, math.ceil(stages.capacity.min_steps / len(calibration_sizes(stages))) + 1
-    )
+    every size counts (MIN_SIZE_STEPS) and all sizes (up to `widest`) together reach
+    `capacity.min_steps`."""
+    sizes = len(calibration_sizes(stages, widest))
+    per_size = max(MIN_SIZE_STEPS + 1, math.ceil(stages.capacity.min_steps / sizes) + 1)
     tokens = per_size + 1  # the first comes from the prefill step, which is not counted
     rng = np.random.default_rng(size)
     prompt = chat_prompt(spec, text_ids(spec, PROMPT_BODY, rng), newline_id)
@@ -122,9 +129,10 @@ def _bursts(
     newline_id: int,
     sizes: tuple[int, ...],
     tag: str,
+    widest: int | None,
 ) -> None:
     for size in sizes:
-        requests = calibration_requests(stages, spec, engine.info, newline_id, size, tag)
+        requests = calibration_requests(stages, spec, engine.info, newline_id, size, tag, widest)
         failed = run_apart(run_requests(engine, requests))
         if failed:
             raise RuntimeError(f"the calibration burst of {size} failed ({len(failed)}): {failed[0]}")
@@ -147,14 +155,16 @@ def _reported(engine: EngineAPI) -> Capacity:
         time.sleep(0.05)  # the workers report at once when they go idle; the dispatcher hands it on
 
 
-def calibrate(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> Capacity:
-    """Run one burst per batch size (again for the sizes a stage with graphs left for later did not
-    time), wait for the stages' figures, and return the fitted capacity; raise RuntimeError if a
-    request of a burst failed."""
+def calibrate(
+    engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int, widest: int | None = None
+) -> Capacity:
+    """Run one burst per batch size up to `widest` (default: `burst_width`; again for the sizes a
+    stage with graphs left for later did not time), wait for the stages' figures, and return the
+    fitted capacity; raise RuntimeError if a request of a burst failed."""
     began = time.perf_counter()
-    sizes = calibration_sizes(stages)
+    sizes = calibration_sizes(stages, widest)
     backlogged = _backlogged(engine)
-    _bursts(engine, stages, spec, newline_id, sizes, "")
+    _bursts(engine, stages, spec, newline_id, sizes, "", widest)
     capacity = _reported(engine)
     backlogged |= _backlogged(engine)
     for round_ in range(1, REPEATS + 1):
@@ -168,7 +178,7 @@ def calibrate(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_
             round_,
             REPEATS,
         )
-        _bursts(engine, stages, spec, newline_id, again, f"-again{round_}")
+        _bursts(engine, stages, spec, newline_id, again, f"-again{round_}", widest)
         capacity = _reported(engine)
     log.info(
         "capacity calibrated in %.1f s at batch sizes %s: %s real-time audio streams (%s)",

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 EXIT_DEVICE_FAULT = 70  # EX_SOFTWARE: an internal error that a restart clears
 EXIT_DELAY_S = 1.0  # failures of in-flight requests reach their clients meanwhile
+OUT_OF_MEMORY = "out of GPU memory in this step"  # what a request failed by a step out of memory is told
 
 # what torch and the CUDA libraries say when the device (not the request) is at fault
 _MARKERS = (
@@ -52,8 +53,13 @@ def failure_text(error: BaseException) -> str:
     """What a request failed by `error` is told. A device out of memory names the GPU's processes and
     allocator figures, which are the operator's (the log has them), not the client's."""
     if type(error).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch
-        return "out of GPU memory in this step; retry shortly (the server's log has the details)"
+        return f"{OUT_OF_MEMORY}; retry shortly (the server's log has the details)"
     return str(error)
+
+
+def ran_out_of_memory(failure: str) -> bool:
+    """True when a request's `failure` (as `failure_text` worded it) was a step out of GPU memory."""
+    return OUT_OF_MEMORY in failure
 
 
 def exit_soon(reason: str, delay_s: float = EXIT_DELAY_S) -> None:

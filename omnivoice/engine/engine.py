@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -36,7 +37,7 @@ from omnivoice.engine.start_progress import StartProgress
 from omnivoice.engine.start_record import start_record
 from omnivoice.engine.stuck import ProgressWatch
 from omnivoice.engine.supervisor import Supervisor
-from omnivoice.engine.warm_burst import run_apart, warm_burst
+from omnivoice.engine.warm_burst import burst_width, run_apart, warm_burst
 from omnivoice.messages import Abort, EncodeAhead, ForgetPrefix, NewRequest, TimeSteps
 from omnivoice.models.dummy import DummySource
 from omnivoice.models.token_prompt import newline_id
@@ -75,6 +76,7 @@ class Engine(ModelFront, Dispatch):
         # requests one replica of each stage may hold (running + waiting); more are refused at once
         stages = [profile.stages.stage(s) for s in STAGES]
         self._capacity = tuple(s.max_batch + s.max_queue for s in stages)
+        self.narrowed: int | None = None  # `narrow`: the widest burst the start found memory for
         # what one step must keep up with, per request: a frame of audio (the thinker's text: one token
         # per frame), or a chunk of frames (Code2Wav)
         frame_s = 1.0 / model.spec.frame_rate
@@ -124,19 +126,38 @@ class Engine(ModelFront, Dispatch):
                 # its steps are not timed: admission learns from the calibration's (or the kept ones)
                 pipeline.broadcast(TimeSteps(False))
                 with steps.step("warm burst"):
-                    warm_burst(engine, stages, model.spec, newline_id(model.tokenizer))
+                    rows = warm_burst(engine, stages, model.spec, newline_id(model.tokenizer))
                 pipeline.broadcast(TimeSteps(True))
+                if rows < burst_width(stages):
+                    engine.narrow(rows)
             if stages.calibrates():  # admission then knows the stages' step times before any request
                 kept = KeptCalibration.of(profile, model.source)
                 if not kept.reuse(engine):  # the last calibration of these settings, if there is one
                     with steps.step("calibration"):
-                        calibrate(engine, stages, model.spec, newline_id(model.tokenizer))
-                    kept.save(engine.replica_stats())
+                        calibrate(engine, stages, model.spec, newline_id(model.tokenizer), engine.narrowed)
+                    if engine.narrowed is None:  # a narrowed start's figures stop short of its widths
+                        kept.save(engine.replica_stats())
         except BaseException:
             run_apart(engine.close())
             raise
         record.save(progress.times(), progress.elapsed())
         return engine
+
+    def narrow(self, rows: int) -> None:
+        """Serve at most `rows` requests at once, spread over each stage's replicas (running and
+        waiting alike; more are refused at once): the warm-up burst found GPU memory for no wider
+        batch. Kept across stage restarts."""
+        stages = [self.profile.stages.stage(s) for s in STAGES]
+        with self._lock:
+            self.narrowed = rows
+            per_replica = (math.ceil(rows / s.replicas) for s in stages)
+            self._capacity = tuple(map(min, self._capacity, per_replica))
+        log.warning(
+            "the start found GPU memory for batches of %d requests, not %d (stages.thinker.max_batch %d, "
+            "stages.talker.max_batch %d): serving at most %d at once; a smaller max_batch, a GPU of more "
+            "memory or fewer stages on it serves more",
+            rows, burst_width(self.profile.stages), stages[0].max_batch, stages[1].max_batch, rows,
+        )  # fmt: skip
 
     def hold_restarts(self) -> None:
         """The server is shutting down: a stage worker that dies from now on fails its requests, and
@@ -203,7 +224,7 @@ class Engine(ModelFront, Dispatch):
 
     def _overload(self, request: GenerationRequest) -> str | None:
         stage = self._router.full_stage(request, self._capacity)  # the caller holds the lock
-        return None if stage is None else self.full_message(stage)
+        return None if stage is None else self.full_message(stage, self.narrowed)
 
     async def abort(self, request_id: str) -> None:
         self._abort(request_id)
@@ -243,7 +264,7 @@ class Engine(ModelFront, Dispatch):
         per = self.replica_stats()
         stages = tuple(StageStats.total(s, [x for x in per if x.name == s]) for s in STAGES)
         capacity = self.capacity()
-        return EngineStats(stages, active, conversations=conversations, routed=routed, capacity=capacity)
+        return EngineStats(stages, active, conversations, routed, capacity=capacity, narrowed=self.narrowed)
 
     def capacity(self) -> Capacity:
         """The audio streams the stages can serve in real time, fitted to their measured step times

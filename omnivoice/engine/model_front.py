@@ -49,10 +49,14 @@ class ModelFront:
     def generate(self, request: GenerationRequest) -> AsyncGenerator[EngineOutput, None]:
         raise NotImplementedError
 
-    def full_message(self, stage: int) -> str:
-        """What a request is told when stage `stage` (0 thinker, 1 talker, 2 code2wav) is full."""
+    def full_message(self, stage: int, narrowed: int | None = None) -> str:
+        """What a request is told when stage `stage` (0 thinker, 1 talker, 2 code2wav) is full;
+        `narrowed`: the requests the engine serves at once when its start narrowed it (`Engine.narrow`)."""
         name = STAGES[stage]
         cfg = self.profile.stages.stage(name)
+        if narrowed is not None:
+            requests = "1 request" if narrowed == 1 else f"{narrowed} requests"
+            return f"the server is at capacity: its GPU memory allows {requests} at a time; retry shortly"
         return (
             f"the server is at capacity: the {name} stage holds {cfg.max_batch} running + "
             f"{cfg.max_queue} waiting requests (per replica); retry shortly"

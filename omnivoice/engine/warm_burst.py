@@ -7,6 +7,12 @@ without this the first wave of real users pays for them, in a first prefill step
 than the later ones (BENCHMARKS.md has the figures). The burst's requests are
 chat prompts of random text ids, as long as the thinker prefills in one step allows (at most 256
 tokens each), two text tokens and one audio chunk each; their outputs are dropped.
+
+A burst that runs out of GPU memory (the stages load side by side, and on a tight card the last to
+build may find too little left for its widest steps) runs again at half its width, down to one
+request. The width that went through is what the engine then serves at most (`Engine.narrow`): a
+start on too small a card serves fewer streams, with a warning, rather than none. A failure of any
+other kind fails the start.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import numpy as np
 
 from omnivoice.config import StagesConfig
 from omnivoice.engine.api import EngineAPI
+from omnivoice.engine.device_fault import ran_out_of_memory
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import CHAT_LAYOUT_IDS, chat_prompt, text_ids
 from omnivoice.types import Finished, GenerationRequest, ModelInfo, Sampling
@@ -32,22 +39,28 @@ T = TypeVar("T")
 MAX_PROMPT_TOKENS = 256  # past this the burst's shapes are bigger than a voice turn's
 
 
+def burst_width(stages: StagesConfig) -> int:
+    """The narrower of the thinker and the talker batches (Code2Wav steps its own max_batch of a
+    burst's requests at a time)."""
+    return min(stages.thinker.max_batch, stages.talker.max_batch)
+
+
 def burst_requests(
-    stages: StagesConfig, spec: ModelSpec, info: ModelInfo, newline_id: int
+    stages: StagesConfig, spec: ModelSpec, info: ModelInfo, newline_id: int, rows: int | None = None
 ) -> list[GenerationRequest]:
-    """As many requests as the narrower of the thinker and the talker batches (Code2Wav steps its own
-    max_batch of them at a time), each prompt as long as the thinker's prefill budget, its context and
-    MAX_PROMPT_TOKENS allow."""
-    rows = min(stages.thinker.max_batch, stages.talker.max_batch)
+    """`rows` requests (default: `burst_width`), each prompt as long as the thinker's prefill budget
+    for the full width, its context and MAX_PROMPT_TOKENS allow."""
+    width = burst_width(stages)
+    rows = width if rows is None else rows
     first = stages.code2wav.chunk.first_frames
     # the talker's context keeps room for the frames (a prompt that fills it gets its audio cut)
     room = info.max_prompt_tokens - first - 2
-    length = min(MAX_PROMPT_TOKENS, stages.thinker.max_prefill_tokens // rows, room)
+    length = min(MAX_PROMPT_TOKENS, stages.thinker.max_prefill_tokens // width, room)
     body = max(1, length - CHAT_LAYOUT_IDS)
     rng = np.random.default_rng(0)
     return [
         GenerationRequest(
-            request_id=f"warm-burst-{i}",
+            request_id=f"warm-burst-{i}" if rows == width else f"warm-burst-w{rows}-{i}",
             prompt=chat_prompt(spec, text_ids(spec, body, rng), newline_id),
             voice=info.default_voice,
             thinker=Sampling(max_tokens=2, min_tokens=2),
@@ -89,16 +102,27 @@ def run_apart(coro: Coroutine[Any, Any, T]) -> T:
     return out[0]
 
 
-def warm_burst(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> None:
-    """Run the burst to its end; raise RuntimeError if any request of it failed."""
-    requests = burst_requests(stages, spec, engine.info, newline_id)
+def warm_burst(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int) -> int:
+    """Run the burst to its end, narrower each time it ran out of GPU memory, and return the width
+    that went through. Raise RuntimeError if a request of it failed otherwise, or at a width of one."""
+    rows = burst_width(stages)
     began = time.perf_counter()
-    failed = run_apart(run_requests(engine, requests))
-    if failed:
-        raise RuntimeError(f"the warm-up burst failed ({len(failed)} of {len(requests)}): {failed[0]}")
+    while True:
+        requests = burst_requests(stages, spec, engine.info, newline_id, rows)
+        failed = run_apart(run_requests(engine, requests))
+        if not failed:
+            break
+        if rows == 1 or not all(map(ran_out_of_memory, failed)):
+            raise RuntimeError(f"the warm-up burst failed ({len(failed)} of {rows}): {failed[0]}")
+        log.warning(
+            "warm-up burst: %d of %d requests ran out of GPU memory (%s); trying %d",
+            len(failed), rows, failed[0], rows // 2,
+        )  # fmt: skip
+        rows //= 2
     log.info(
         "warm-up burst: %d requests of %d prompt tokens through every stage in %.1f s",
-        len(requests),
+        rows,
         len(requests[0].prompt.input_ids),
         time.perf_counter() - began,
     )
+    return rows

@@ -120,6 +120,7 @@ def engine_tables(state: Any) -> dict[str, Any] | None:
         "routed": stats.routed,
         "live_requests": sum(s.live_requests for s in stats.stages),
         "capacity": asdict(stats.capacity) if stats.capacity is not None else None,
+        "narrowed": stats.narrowed,
         "workers": workers,
     }
 

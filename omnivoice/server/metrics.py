@@ -138,6 +138,13 @@ class EngineStatsCollector(Collector):
             yield _hop_metrics(stats.hops)
         if stats.capacity is not None:
             yield from _capacity_metrics(stats.capacity)
+        if stats.narrowed is not None:
+            narrowed = GaugeMetricFamily(
+                "omnivoice_engine_narrowed_requests",
+                "Requests the engine serves at once because its start found GPU memory for no wider batch",
+            )
+            narrowed.add_metric([], stats.narrowed)
+            yield narrowed
 
 
 def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:

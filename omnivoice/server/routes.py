@@ -12,9 +12,10 @@ from omnivoice.server.fleet.answers import fleet_metrics
 
 async def health(request: Request) -> Response:
     """200 `{"status": "ok"}` once the engine is up (with `graphs_pending` per stage while CUDA graphs
-    of wide batches are still being captured after the start); 503 while it is starting (with `progress`: the
-    steps of the start so far and what remains, engine/start_progress.py), failed, draining (shutting
-    down) or closed."""
+    of wide batches are still being captured after the start, and `narrowed_to`, the requests it
+    serves at once, when its start found GPU memory for no wider batch: `Engine.narrow`); 503 while
+    it is starting (with `progress`: the steps of the start so far and what remains,
+    engine/start_progress.py), failed, draining (shutting down) or closed."""
     lifecycle = request.app.state.lifecycle
     if request.app.state.drain.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
@@ -25,7 +26,13 @@ async def health(request: Request) -> Response:
         for worker in lifecycle.engine.replica_stats():  # the workers' last figures: no capacity fit
             if worker.graphs_pending:
                 pending[worker.name] = pending.get(worker.name, 0) + worker.graphs_pending
-        return JSONResponse({"status": "ok", "graphs_pending": pending} if pending else {"status": "ok"})
+        body: dict[str, object] = {"status": "ok"}
+        if pending:
+            body["graphs_pending"] = pending
+        narrowed = lifecycle.engine.stats().narrowed
+        if narrowed is not None:
+            body["narrowed_to"] = narrowed
+        return JSONResponse(body)
     restarting = bool(failure) and lifecycle.engine.restarting
     body = {"status": "restarting" if restarting else "failed" if failure else lifecycle.state}
     if lifecycle.state == "starting":

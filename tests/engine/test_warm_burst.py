@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from omnivoice.config import parse_profile
 from omnivoice.engine import warm_burst
 from omnivoice.engine.engine import Engine
 from omnivoice.models.dummy import REDUCED, DummySource, dummy_spec
-from omnivoice.types import AudioChunk, Finished, GenerationRequest, ModelInfo, Prompt, Sampling, TextDelta
+from omnivoice.runners.talker import TalkerRunner
+from omnivoice.types import (
+    AudioChunk,
+    EngineOverloaded,
+    Finished,
+    GenerationRequest,
+    ModelInfo,
+    Prompt,
+    Sampling,
+    TextDelta,
+)
 from tests.support.polling import until
 
 STAGE = {"worker": "thread", "max_batch": 3, "max_seq_len": 256}
@@ -92,3 +105,109 @@ def test_a_failed_burst_stops_the_stages_and_fails_the_start(
     with pytest.raises(RuntimeError, match=failed):
         Engine.start_sync(profile, source=source)
     assert _stage_threads() <= before
+
+
+OUT_OF_MEMORY = "talker: out of GPU memory in this step; retry shortly (the server's log has the details)"
+
+
+def _burst_width(request_id: str, full: int) -> int:
+    """The width of the burst a request belongs to: warm-burst-<i> (the full width) or -w<rows>-<i>."""
+    tag = request_id.removeprefix("warm-burst-").split("-")
+    return int(tag[0][1:]) if len(tag) == 2 else full
+
+
+class ShortOfMemory:
+    """An engine whose steps run out of GPU memory in any burst wider than `fits` (`error`: the failure
+    it reports instead, for a failure of another kind)."""
+
+    def __init__(self, full: int, fits: int, error: str = OUT_OF_MEMORY) -> None:
+        self.info = ModelInfo("tiny", 24000, ("Ethan",), "Ethan", 256)
+        self.full, self.fits, self.error = full, fits, error
+        self.widths: list[int] = []  # the width of each burst, in the order they ran
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Finished, None]:
+        width = _burst_width(request.request_id, self.full)
+        if not self.widths or self.widths[-1] != width:
+            self.widths.append(width)
+        await asyncio.sleep(0)
+        if width > self.fits:
+            yield Finished(request.request_id, "error", error=self.error)
+        else:
+            yield Finished(request.request_id, "length")
+
+
+def _run(engine: ShortOfMemory, max_batch: int) -> int:
+    stage = {**STAGE, "max_batch": max_batch}
+    profile = parse_profile({"stages": {"thinker": stage, "talker": stage, "code2wav": STAGE}})
+    spec = dummy_spec(DummySource("qwen3-omni-30b-a3b", overrides=REDUCED))
+    return warm_burst.warm_burst(engine, profile.stages, spec, newline_id=10)  # type: ignore[arg-type]
+
+
+def test_a_burst_out_of_memory_runs_again_at_half_its_width_until_one_goes_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = ShortOfMemory(full=8, fits=2)
+    with caplog.at_level(logging.WARNING, logger="omnivoice.engine.warm_burst"):
+        assert _run(engine, 8) == 2
+    assert engine.widths == [8, 4, 2]
+    said = [r.getMessage() for r in caplog.records if r.name == "omnivoice.engine.warm_burst"]
+    assert [line.split(";")[-1].strip() for line in said] == ["trying 4", "trying 2"]
+    assert "8 of 8 requests ran out of GPU memory" in said[0]
+    whole = ShortOfMemory(full=8, fits=8)
+    assert _run(whole, 8) == 8 and whole.widths == [8]
+
+
+def test_a_burst_that_fails_otherwise_or_at_one_request_fails_the_start() -> None:
+    other = ShortOfMemory(full=8, fits=2, error="talker: the request's prompt leaves no room for audio")
+    with pytest.raises(RuntimeError, match=r"the warm-up burst failed \(8 of 8\): .*no room for audio"):
+        _run(other, 8)
+    assert other.widths == [8]  # not tried narrower: memory was not what failed it
+    none = ShortOfMemory(full=4, fits=0)
+    with pytest.raises(RuntimeError, match=r"the warm-up burst failed \(1 of 1\): .*out of GPU memory"):
+        _run(none, 4)
+    assert none.widths == [4, 2, 1]
+
+
+async def test_a_start_short_of_memory_serves_the_width_that_went_through(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The talker's prefill runs out of memory (injected: a CPU cannot be made to) for the rows of any
+    burst wider than one: the start narrows the engine to one request at a time and says so; a second
+    request is then refused at once, and the first is served."""
+    real = TalkerRunner._prefill
+
+    def short_of_memory(self: TalkerRunner, seqs: list[Any]) -> list[Any]:
+        if any(
+            _burst_width(s.request.request_id, 3) > 1 for s in seqs if s.request.request_id.startswith("warm")
+        ):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB (injected)")
+        return real(self, seqs)
+
+    monkeypatch.setattr(TalkerRunner, "_prefill", short_of_memory)
+    profile = parse_profile({"model": {"path": str(tiny_checkpoint)}, **_profile(warm_burst=True)})
+    with caplog.at_level(logging.INFO, logger="omnivoice.engine"):
+        engine = await Engine.start(profile)
+    try:
+        assert engine.narrowed == 1 and engine.stats().narrowed == 1
+        said = caplog.text
+        assert "warm-up burst: 3 of 3 requests ran out of GPU memory" in said
+        assert "warm-up burst: 1 requests of 239 prompt tokens through every stage" in said
+        assert "the start found GPU memory for batches of 1 requests, not 3" in said
+        prompt = Prompt(input_ids=tuple(range(10, 30)))
+        thinker, talker = Sampling(max_tokens=3, min_tokens=3), Sampling(max_tokens=6, min_tokens=6)
+        first = GenerationRequest("first", prompt, thinker=thinker, talker=talker)
+        outputs: list[Any] = []
+        running = engine.generate(first)
+        outputs.append(await anext(running))  # the first is in the engine until its last output
+        second = GenerationRequest("second", prompt, thinker=thinker, talker=talker)
+        assert (
+            engine.overloaded(second)
+            == "the server is at capacity: its GPU memory allows 1 request at a time; retry shortly"
+        )
+        with pytest.raises(EngineOverloaded, match="allows 1 request at a time"):
+            await anext(engine.generate(second))
+        outputs += [out async for out in running]
+    finally:
+        await engine.close()
+    assert any(isinstance(o, AudioChunk) for o in outputs)
+    assert isinstance(outputs[-1], Finished) and outputs[-1].finish_reason == "length"

@@ -57,6 +57,18 @@ def test_health_and_metrics_say_how_many_graphs_are_left_for_after_the_start() -
     assert health.json() == {"status": "ok", "graphs_pending": {"talker": 12}}
     assert 'omnivoice_stage_graphs_pending{replica="0",stage="talker"} 12.0' in metrics
     assert 'omnivoice_stage_graphs_pending{replica="0",stage="thinker"} 0.0' in metrics
+    assert "omnivoice_engine_narrowed_requests" not in metrics
+
+
+def test_health_metrics_and_state_say_when_the_start_narrowed_the_engine() -> None:
+    with serve_fake() as s:
+        s.engines[0].narrowed = 4
+        health = httpx.get(f"{s.url}/health")
+        metrics = httpx.get(f"{s.url}/metrics").text
+        state = httpx.get(f"{s.url}/v1/debug/state").json()
+    assert health.status_code == 200 and health.json() == {"status": "ok", "narrowed_to": 4}
+    assert "omnivoice_engine_narrowed_requests 4.0" in metrics
+    assert state["engine"]["narrowed"] == 4
 
 
 def test_state_is_refused_to_other_than_loopback_clients() -> None:

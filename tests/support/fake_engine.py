@@ -134,6 +134,7 @@ class FakeEngine:
     streams: int | None = None
     stalled: bool = False
     graphs_pending: int = 0  # the talker's CUDA graphs left for after the start, as a worker reports them
+    narrowed: int | None = None  # the requests served at once when the start narrowed the engine
 
     @classmethod
     def factory(
@@ -266,7 +267,9 @@ class FakeEngine:
             )
             for name in ("thinker", "talker", "code2wav")
         )
-        return EngineStats(stages=stages, active_requests=running, capacity=self.capacity())
+        return EngineStats(
+            stages=stages, active_requests=running, capacity=self.capacity(), narrowed=self.narrowed
+        )
 
     def capacity(self) -> Capacity:
         return Capacity(self.streams, len(self.running), -1.0 if self.stalled else None, self.stalled)

@@ -200,12 +200,16 @@ class EngineClient(ModelFront):
 
     def overloaded(self, request: GenerationRequest) -> str | None:
         """Why the core would refuse `request` now, judged from the requests in flight here: a stage
-        whose replicas together hold `max_batch + max_queue` each. The core checks again, replica by
+        whose replicas together hold `max_batch + max_queue` each (fewer when the core's start narrowed
+        it, `Engine.narrow`, as its snapshots say). The core checks again, replica by
         replica, and its refusal reaches the caller as the same EngineOverloaded."""
-        full = [self._load[0] >= self._limits[0]]
+        snap = self._snapshot
+        narrowed = snap.stats.narrowed if snap is not None else None
+        limits = self._limits if narrowed is None else tuple(min(n, narrowed) for n in self._limits)
+        full = [self._load[0] >= limits[0]]
         if request.want_audio:
-            full += [self._load[1] >= self._limits[1], self._load[1] >= self._limits[2]]
-        return next((self.full_message(stage) for stage, f in enumerate(full) if f), None)
+            full += [self._load[1] >= limits[1], self._load[1] >= limits[2]]
+        return next((self.full_message(stage, narrowed) for stage, f in enumerate(full) if f), None)
 
     # -- the request path
 
