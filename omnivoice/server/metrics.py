@@ -139,12 +139,18 @@ class EngineStatsCollector(Collector):
         if stats.capacity is not None:
             yield from _capacity_metrics(stats.capacity)
         if stats.narrowed is not None:
-            narrowed = GaugeMetricFamily(
+            yield _gauge(
                 "omnivoice_engine_narrowed_requests",
                 "Requests the engine serves at once because its start found GPU memory for no wider batch",
+                stats.narrowed,
             )
-            narrowed.add_metric([], stats.narrowed)
-            yield narrowed
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    """A gauge of one unlabelled value."""
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
 
 
 def _stage_time_metrics(stages: tuple[StageStats, ...]) -> Iterator[Metric]:
@@ -198,17 +204,17 @@ def _hop_metrics(hops: tuple[SecondsHistogram, ...]) -> HistogramMetricFamily:
 
 def _capacity_metrics(cap: Capacity) -> Iterator[Metric]:
     """The measured capacity (engine/capacity.py); a figure not measured yet is left out."""
-    streams = GaugeMetricFamily(
-        "omnivoice_engine_audio_streams", "Requests with audio inside the engine (streams in flight)"
+    yield _gauge(
+        "omnivoice_engine_audio_streams",
+        "Requests with audio inside the engine (streams in flight)",
+        cap.active_streams,
     )
-    streams.add_metric([], cap.active_streams)
-    yield streams
     if cap.streams is not None:
-        total = GaugeMetricFamily(
-            "omnivoice_engine_capacity_streams", "Audio streams the engine measures it can serve in real time"
+        yield _gauge(
+            "omnivoice_engine_capacity_streams",
+            "Audio streams the engine measures it can serve in real time",
+            cap.streams,
         )
-        total.add_metric([], cap.streams)
-        yield total
     per_stage = GaugeMetricFamily(
         "omnivoice_stage_capacity_streams",
         "Audio streams a stage measures it can serve in real time (its replicas together)",
@@ -219,12 +225,11 @@ def _capacity_metrics(cap: Capacity) -> Iterator[Metric]:
             per_stage.add_metric([name], n)
     yield per_stage
     if cap.worst_slack_s is not None:
-        slack = GaugeMetricFamily(
+        yield _gauge(
             "omnivoice_engine_worst_slack_seconds",
             "Least audio ahead of real time among the streams playing (below 0: run dry)",
+            cap.worst_slack_s,
         )
-        slack.add_metric([], cap.worst_slack_s)
-        yield slack
 
 
 class ServerStateCollector(Collector):
