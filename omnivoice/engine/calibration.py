@@ -20,6 +20,11 @@ a graph and none was timed; its capacity would then be capped at twice its wides
 bursts of the sizes past what such a stage timed run again (at most REPEATS times), on the graphs the
 first run captured.
 
+A burst that runs out of GPU memory (every request of it that failed did) ends the calibration at the
+sizes before it, and the engine then serves at most the widest of those (`Engine.narrow`, as after a
+warm-up burst that ran out: engine/warm_burst.py); at the first size, or failing otherwise, it fails
+the start.
+
 The burst's requests are chat prompts of random text ids, a few text tokens and a few Code2Wav
 chunks of audio each; their outputs are dropped.
 """
@@ -35,6 +40,7 @@ import numpy as np
 from omnivoice.config import StagesConfig
 from omnivoice.engine.api import EngineAPI
 from omnivoice.engine.capacity import MIN_SIZE_STEPS
+from omnivoice.engine.device_fault import ran_out_of_memory
 from omnivoice.engine.warm_burst import burst_width, run_apart, run_requests
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import chat_prompt, text_ids
@@ -130,12 +136,32 @@ def _bursts(
     sizes: tuple[int, ...],
     tag: str,
     widest: int | None,
-) -> None:
+) -> int | None:
+    """Run the bursts of `sizes` in turn, up to the first that runs out of GPU memory: its size, or
+    None when all went through. RuntimeError if a burst failed otherwise."""
     for size in sizes:
         requests = calibration_requests(stages, spec, engine.info, newline_id, size, tag, widest)
         failed = run_apart(run_requests(engine, requests))
-        if failed:
-            raise RuntimeError(f"the calibration burst of {size} failed ({len(failed)}): {failed[0]}")
+        if not failed:
+            continue
+        why = f"the calibration burst of {size} failed ({len(failed)}): {failed[0]}"
+        if not all(map(ran_out_of_memory, failed)):
+            raise RuntimeError(why)
+        log.warning("calibration: %s", why)
+        return size
+    return None
+
+
+def _below(sizes: tuple[int, ...], failed: int | None) -> tuple[int, ...]:
+    """The calibrated `sizes` narrower than the burst that ran out of memory (`failed`; None: all);
+    RuntimeError if there are none."""
+    if failed is None:
+        return sizes
+    fit = tuple(s for s in sizes if s < failed)
+    if not fit:
+        raise RuntimeError(f"the calibration's narrowest burst ({failed}) ran out of GPU memory")
+    log.warning("calibration: calibrated up to %d, the widest that GPU memory allows", fit[-1])
+    return fit
 
 
 def _backlogged(engine: EngineAPI) -> set[tuple[str, int]]:
@@ -157,14 +183,15 @@ def _reported(engine: EngineAPI) -> Capacity:
 
 def calibrate(
     engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int, widest: int | None = None
-) -> Capacity:
+) -> tuple[Capacity, int]:
     """Run one burst per batch size up to `widest` (default: `burst_width`; again for the sizes a
     stage with graphs left for later did not time), wait for the stages' figures, and return the
-    fitted capacity; raise RuntimeError if a request of a burst failed."""
+    fitted capacity and the widest burst that went through (narrower than asked when a wider one ran
+    out of GPU memory); raise RuntimeError if a burst failed otherwise, or the first."""
     began = time.perf_counter()
-    sizes = calibration_sizes(stages, widest)
     backlogged = _backlogged(engine)
-    _bursts(engine, stages, spec, newline_id, sizes, "", widest)
+    sizes = calibration_sizes(stages, widest)
+    sizes = _below(sizes, _bursts(engine, stages, spec, newline_id, sizes, "", widest))
     capacity = _reported(engine)
     backlogged |= _backlogged(engine)
     for round_ in range(1, REPEATS + 1):
@@ -178,8 +205,11 @@ def calibrate(
             round_,
             REPEATS,
         )
-        _bursts(engine, stages, spec, newline_id, again, f"-again{round_}", widest)
+        failed = _bursts(engine, stages, spec, newline_id, again, f"-again{round_}", widest)
         capacity = _reported(engine)
+        if failed is not None:  # a repeat ran out of memory where the first run had not
+            sizes = _below(sizes, failed)
+            break
     log.info(
         "capacity calibrated in %.1f s at batch sizes %s: %s real-time audio streams (%s)",
         time.perf_counter() - began,
@@ -187,4 +217,4 @@ def calibrate(
         capacity.streams,
         ", ".join(f"{name} {n}" for name, n in capacity.stages),
     )
-    return capacity
+    return capacity, sizes[-1]

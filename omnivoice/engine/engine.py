@@ -120,28 +120,38 @@ class Engine(ModelFront, Dispatch):
         pipeline = Pipeline.start(profile, model.source, progress=progress.record)
         log.info("all stages ready")
         engine = cls(profile, model, pipeline)
-        stages = profile.stages
         try:
-            if stages.warms_burst():
-                # its steps are not timed: admission learns from the calibration's (or the kept ones)
-                pipeline.broadcast(TimeSteps(False))
-                with steps.step("warm burst"):
-                    rows = warm_burst(engine, stages, model.spec, newline_id(model.tokenizer))
-                pipeline.broadcast(TimeSteps(True))
-                if rows < burst_width(stages):
-                    engine.narrow(rows)
-            if stages.calibrates():  # admission then knows the stages' step times before any request
-                kept = KeptCalibration.of(profile, model.source)
-                if not kept.reuse(engine):  # the last calibration of these settings, if there is one
-                    with steps.step("calibration"):
-                        calibrate(engine, stages, model.spec, newline_id(model.tokenizer), engine.narrowed)
-                    if engine.narrowed is None:  # a narrowed start's figures stop short of its widths
-                        kept.save(engine.replica_stats())
+            engine._warm_and_calibrate(model, steps)
         except BaseException:
             run_apart(engine.close())
             raise
         record.save(progress.times(), progress.elapsed())
         return engine
+
+    def _warm_and_calibrate(self, model: ServedModel, steps: StartSteps) -> None:
+        """Before serving: the warm-up burst, then the calibration (or the kept one); either narrows
+        the engine to the widest burst that GPU memory allows (`narrow`)."""
+        stages, newline = self.profile.stages, newline_id(model.tokenizer)
+        widest = burst_width(stages)
+        if stages.warms_burst():
+            # its steps are not timed: admission learns from the calibration's (or the kept ones)
+            self._pipeline.broadcast(TimeSteps(False))
+            with steps.step("warm burst"):
+                widest = warm_burst(self, stages, model.spec, newline)
+            self._pipeline.broadcast(TimeSteps(True))
+            if widest < burst_width(stages):
+                self.narrow(widest)
+        if not stages.calibrates():
+            return
+        kept = KeptCalibration.of(self.profile, model.source)
+        if kept.reuse(self):  # the last calibration of these settings, if there is one
+            return
+        with steps.step("calibration"):
+            _, calibrated = calibrate(self, stages, model.spec, newline, widest)
+        if calibrated < widest:
+            self.narrow(calibrated)
+        if self.narrowed is None:  # a narrowed start's figures stop short of its widths
+            kept.save(self.replica_stats())
 
     def narrow(self, rows: int) -> None:
         """Serve at most `rows` requests at once, spread over each stage's replicas (running and

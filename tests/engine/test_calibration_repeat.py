@@ -53,13 +53,25 @@ def test_the_bursts_go_up_to_the_narrower_language_model_not_to_code2wav() -> No
     assert calibration_sizes(profile.stages) == (1, 2, 4)
 
 
+OUT_OF_MEMORY = "talker: out of GPU memory in this step; retry shortly (the server's log has the details)"
+
+
 class BackloggedEngine:
     """An engine whose Code2Wav worker reports graphs left for later and times a burst's steps only
-    from its `untimed_runs + 1`-th run of that size on (the earlier runs captured graphs)."""
+    from its `untimed_runs + 1`-th run of that size on (the earlier runs captured graphs). Its bursts
+    wider than `fits` (`fits_again` in the repeats) fail with `error`: out of GPU memory unless told."""
 
-    def __init__(self, untimed_runs: int, backlog: bool = True) -> None:
+    def __init__(
+        self,
+        untimed_runs: int,
+        backlog: bool = True,
+        fits: int = 64,
+        fits_again: int = 64,
+        error: str = OUT_OF_MEMORY,
+    ) -> None:
         self.info = ModelInfo("tiny", 24000, ("Ethan",), "Ethan", 256)
         self.untimed_runs, self.backlog = untimed_runs, backlog
+        self.fits, self.fits_again, self.error = fits, fits_again, error
         self.runs: dict[int, int] = {}
         self.bursts: list[int] = []  # the size of each burst, in the order they ran
         self._seen: set[tuple[str, int]] = set()
@@ -71,7 +83,10 @@ class BackloggedEngine:
             self.bursts.append(int(size))
             self.runs[int(size)] = self.runs.get(int(size), 0) + 1
         await asyncio.sleep(0)
-        yield Finished(request.request_id, "length")
+        if int(size) > (self.fits if tag == "calibrate" else self.fits_again):
+            yield Finished(request.request_id, "error", error=self.error)
+        else:
+            yield Finished(request.request_id, "length")
 
     def replica_stats(self) -> tuple[StageStats, ...]:
         timed = [b for b, n in self.runs.items() if n > (self.untimed_runs if b > 2 else 0)]
@@ -86,11 +101,13 @@ class BackloggedEngine:
         return Capacity(8, 0, stages=(("thinker", 8), ("code2wav", 8)))
 
 
-def _calibrate(engine: BackloggedEngine) -> None:
+def _calibrate(engine: BackloggedEngine) -> int:
+    """The widest burst that went through."""
     profile = parse_profile({"stages": {"thinker": STAGE, "talker": STAGE, "code2wav": STAGE}})
     assert calibration_sizes(profile.stages) == SIZES
     spec = dummy_spec(DummySource("qwen3-omni-30b-a3b", overrides=REDUCED))
-    calibrate(engine, profile.stages, spec, newline_id=10)  # type: ignore[arg-type]
+    _, widest = calibrate(engine, profile.stages, spec, newline_id=10)  # type: ignore[arg-type]
+    return widest
 
 
 def test_untimed_wide_sizes_run_again_until_timed(caplog: pytest.LogCaptureFixture) -> None:
@@ -111,3 +128,36 @@ def test_without_a_backlog_no_size_runs_again() -> None:
     engine = BackloggedEngine(untimed_runs=10, backlog=False)
     _calibrate(engine)
     assert engine.bursts == list(SIZES)
+
+
+def test_a_burst_out_of_memory_ends_the_calibration_at_the_sizes_before_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = BackloggedEngine(untimed_runs=0, backlog=False, fits=2)
+    with caplog.at_level(logging.INFO, logger=calibration.__name__):
+        assert _calibrate(engine) == 2
+    assert engine.bursts == [1, 2, 4]  # not 8: wider still
+    assert (
+        "the calibration burst of 4 failed (4): calibrate-4-0: error: talker: out of GPU memory"
+        in caplog.text
+    )
+    assert "calibrated up to 2, the widest that GPU memory allows" in caplog.text
+    assert "capacity calibrated in" in caplog.text and "at batch sizes 1,2:" in caplog.text
+
+
+def test_a_repeat_out_of_memory_narrows_the_calibration_too() -> None:
+    engine = BackloggedEngine(untimed_runs=1, fits_again=4)
+    assert _calibrate(engine) == 4
+    assert engine.bursts == [1, 2, 4, 8, 4, 8]  # no second round past the failed 8
+    assert _calibrate(BackloggedEngine(untimed_runs=0)) == 8
+
+
+def test_a_calibration_failing_otherwise_or_at_its_first_size_fails_the_start() -> None:
+    other = BackloggedEngine(untimed_runs=0, backlog=False, fits=2, error="thinker: the grammar failed")
+    with pytest.raises(RuntimeError, match=r"the calibration burst of 4 failed \(4\): .*the grammar failed"):
+        _calibrate(other)
+    assert other.bursts == [1, 2, 4]
+    none = BackloggedEngine(untimed_runs=0, backlog=False, fits=0)
+    with pytest.raises(RuntimeError, match=r"the calibration's narrowest burst \(1\) ran out of GPU memory"):
+        _calibrate(none)
+    assert none.bursts == [1]
