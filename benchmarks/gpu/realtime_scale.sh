@@ -163,8 +163,10 @@ wait)
     cat "$STATE/r/start.json"
     if [ $ok = 0 ] && [ ! -f "$STATE/r/metrics-fresh.txt" ]; then
         scrape fresh  # before any request: the capacity comes from the start-up calibration (or a kept one)
-        grep -E "^omnivoice_(engine|stage)_capacity_streams" "$STATE/r/metrics-fresh.txt"
-        grep -E "capacity calibrated|reusing the calibration|calibrating:|warm-up burst" "$STATE/r/serve.log" | tail -4
+        grep -E "^omnivoice_(engine|stage)_capacity_streams|^omnivoice_engine_narrowed" "$STATE/r/metrics-fresh.txt"
+        grep -E "capacity calibrated|reusing the calibration|calibrating:|warm-up burst|found GPU memory" "$STATE/r/serve.log" | tail -6
+        # each stage's GPU memory as it loaded and once built (a tight card narrows the warm-up burst)
+        grep -E "GiB free" "$STATE/r/serve.log" | tail -8
         # whether the stage processes run under the engine's MPS daemon: the log's line, each worker's
         # gauge, and nvidia-smi's process types (M+C: an MPS client)
         {
