@@ -172,8 +172,8 @@ async def test_a_start_short_of_memory_serves_the_width_that_went_through(
     tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The talker's prefill runs out of memory (injected: a CPU cannot be made to) for the rows of any
-    burst wider than one: the start narrows the engine to one request at a time and says so; a second
-    request is then refused at once, and the first is served."""
+    burst wider than one: the start narrows the engine to one request at a time and says so; while one
+    request runs another is refused at once, and once it is cancelled the next is served."""
     real = TalkerRunner._prefill
 
     def short_of_memory(self: TalkerRunner, seqs: list[Any]) -> list[Any]:
@@ -194,20 +194,21 @@ async def test_a_start_short_of_memory_serves_the_width_that_went_through(
         assert "warm-up burst: 1 requests of 239 prompt tokens through every stage" in said
         assert "the start found GPU memory for batches of 1 requests, not 3" in said
         prompt = Prompt(input_ids=tuple(range(10, 30)))
-        thinker, talker = Sampling(max_tokens=3, min_tokens=3), Sampling(max_tokens=6, min_tokens=6)
-        first = GenerationRequest("first", prompt, thinker=thinker, talker=talker)
-        outputs: list[Any] = []
-        running = engine.generate(first)
-        outputs.append(await anext(running))  # the first is in the engine until its last output
-        second = GenerationRequest("second", prompt, thinker=thinker, talker=talker)
-        assert (
-            engine.overloaded(second)
-            == "the server is at capacity: its GPU memory allows 1 request at a time; retry shortly"
-        )
+        # one request of 200 tokens and frames holds the engine's one place from its submit on
+        long = Sampling(max_tokens=200, min_tokens=200)
+        held: list[Any] = []
+        rid = engine.submit(GenerationRequest("held", prompt, thinker=long, talker=long), held.append)
+        second = GenerationRequest("second", prompt, thinker=long, talker=long)
+        full = "the server is at capacity: its GPU memory allows 1 request at a time; retry shortly"
+        assert engine.overloaded(second) == full
         with pytest.raises(EngineOverloaded, match="allows 1 request at a time"):
-            await anext(engine.generate(second))
-        outputs += [out async for out in running]
+            engine.submit(second, held.append)
+        engine.cancel(rid)  # its place is given back: the next request is served
+        thinker, talker = Sampling(max_tokens=3, min_tokens=3), Sampling(max_tokens=6, min_tokens=6)
+        request = GenerationRequest("after", prompt, thinker=thinker, talker=talker)
+        outputs = [out async for out in engine.generate(request)]
     finally:
         await engine.close()
+    assert [o.finish_reason for o in held if isinstance(o, Finished)] == ["abort"]
     assert any(isinstance(o, AudioChunk) for o in outputs)
     assert isinstance(outputs[-1], Finished) and outputs[-1].finish_reason == "length"
