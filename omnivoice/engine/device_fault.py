@@ -35,14 +35,32 @@ _MARKERS = (
     "unspecified launch failure",
     "misaligned address",
 )
+# what the CUDA libraries say when an allocation failed: not sticky, so the device context stays usable
+# (torch's own allocator raises torch.OutOfMemoryError)
+_OUT_OF_MEMORY_MARKERS = (
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
 
 
 class DeviceFault(RuntimeError):
     """A stage's device context is unusable; the stage must stop."""
 
 
+def is_out_of_memory(error: BaseException) -> bool:
+    """True when `error` is a failed GPU allocation: the step's requests fail, the stage goes on."""
+    if type(error).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(marker in text for marker in _OUT_OF_MEMORY_MARKERS)
+
+
 def is_device_fault(error: BaseException) -> bool:
-    """True when `error` came from the device rather than from the request (bad input raises others)."""
+    """True when `error` came from the device rather than from the request (bad input raises others)
+    and left its context unusable (a failed allocation does not)."""
+    if is_out_of_memory(error):
+        return False
     if type(error).__name__ == "AcceleratorError":  # torch's type for CUDA errors (torch >= 2.8)
         return True
     text = str(error)
@@ -52,7 +70,7 @@ def is_device_fault(error: BaseException) -> bool:
 def failure_text(error: BaseException) -> str:
     """What a request failed by `error` is told. A device out of memory names the GPU's processes and
     allocator figures, which are the operator's (the log has them), not the client's."""
-    if type(error).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch
+    if is_out_of_memory(error):
         return f"{OUT_OF_MEMORY}; retry shortly (the server's log has the details)"
     return str(error)
 

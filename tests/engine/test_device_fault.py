@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from omnivoice.engine.connectors import LocalConnector
-from omnivoice.engine.device_fault import is_device_fault
+from omnivoice.engine.device_fault import OUT_OF_MEMORY, failure_text, is_device_fault
 from omnivoice.engine.engine import Engine
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.messages import Shutdown, StageFinished
@@ -30,9 +30,27 @@ FAULT = "CUDA error: an illegal instruction was encountered"
 
 def test_device_faults_are_told_from_request_errors() -> None:
     assert is_device_fault(RuntimeError(FAULT))
+    assert is_device_fault(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"))
     assert is_device_fault(RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx"))
     assert not is_device_fault(RuntimeError("the prompt leaves no room for audio"))
     assert not is_device_fault(ValueError(FAULT))  # what a request's bad input raises is not the device
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ..."),
+        torch.AcceleratorError(
+            "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"
+        ),
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+    ],
+)
+def test_a_failed_allocation_is_out_of_memory_not_a_device_fault(error: Exception) -> None:
+    """An allocation that failed leaves the device context usable: the step's requests are told to
+    retry (without the allocator's figures, which are the operator's), and the stage goes on."""
+    assert not is_device_fault(error)
+    assert failure_text(error) == f"{OUT_OF_MEMORY}; retry shortly (the server's log has the details)"
 
 
 class FaultingRunner(HoldingRunner):
