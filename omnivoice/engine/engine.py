@@ -164,8 +164,8 @@ class Engine(ModelFront, Dispatch):
             self._capacity = tuple(map(min, self._capacity, per_replica))
         log.warning(
             "the start found GPU memory for batches of %d requests, not %d (stages.thinker.max_batch %d, "
-            "stages.talker.max_batch %d): serving at most %d at once; a smaller max_batch, a GPU of more "
-            "memory or fewer stages on it serves more",
+            "stages.talker.max_batch %d): serving at most %d at once; a max_batch that fits (smaller KV "
+            "caches and fewer graphs) or more GPU memory for the stages serves its whole width",
             rows, burst_width(self.profile.stages), stages[0].max_batch, stages[1].max_batch, rows,
         )  # fmt: skip
 
