@@ -76,7 +76,7 @@ class Engine(ModelFront, Dispatch):
         # requests one replica of each stage may hold (running + waiting); more are refused at once
         stages = [profile.stages.stage(s) for s in STAGES]
         self._capacity = tuple(s.max_batch + s.max_queue for s in stages)
-        self.narrowed: int | None = None  # `narrow`: the widest burst the start found memory for
+        self.narrowed: int | None = None  # `narrow`: the widest start-up burst that GPU memory allowed
         # what one step must keep up with, per request: a frame of audio (the thinker's text: one token
         # per frame), or a chunk of frames (Code2Wav)
         frame_s = 1.0 / model.spec.frame_rate
@@ -155,8 +155,8 @@ class Engine(ModelFront, Dispatch):
 
     def narrow(self, rows: int) -> None:
         """Serve at most `rows` requests at once, spread over each stage's replicas (running and
-        waiting alike; more are refused at once): the warm-up burst found GPU memory for no wider
-        batch. Kept across stage restarts."""
+        waiting alike; more are refused at once): the start's warm-up burst or calibration found GPU
+        memory for no wider batch. Kept across stage restarts."""
         stages = [self.profile.stages.stage(s) for s in STAGES]
         with self._lock:
             self.narrowed = rows
