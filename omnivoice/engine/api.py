@@ -52,6 +52,12 @@ class EngineAPI(Protocol):
         ...
 
     @property
+    def narrowed(self) -> int | None:
+        """The requests the engine serves at a time when its start found GPU memory for no wider batch
+        (engine/warm_burst.py), else None."""
+        ...
+
+    @property
     def core_pid(self) -> int | None:
         """The engine core's process id where the core runs in a process of its own (`stages.core:
         process`; it changes when the core restarts), else None."""

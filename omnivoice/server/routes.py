@@ -29,7 +29,7 @@ async def health(request: Request) -> Response:
         body: dict[str, object] = {"status": "ok"}
         if pending:
             body["graphs_pending"] = pending
-        narrowed = lifecycle.engine.stats().narrowed
+        narrowed = lifecycle.engine.narrowed
         if narrowed is not None:
             body["narrowed_to"] = narrowed
         return JSONResponse(body)

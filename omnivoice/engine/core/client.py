@@ -177,6 +177,11 @@ class EngineClient(ModelFront):
         return self._restarting or self._heard[1]
 
     @property
+    def narrowed(self) -> int | None:
+        snap = self._snapshot
+        return snap.stats.narrowed if snap is not None else None
+
+    @property
     def core_pid(self) -> int | None:
         """The running core's process id."""
         handle = self._handle
@@ -203,8 +208,7 @@ class EngineClient(ModelFront):
         whose replicas together hold `max_batch + max_queue` each (fewer when the core's start narrowed
         it, `Engine.narrow`, as its snapshots say). The core checks again, replica by
         replica, and its refusal reaches the caller as the same EngineOverloaded."""
-        snap = self._snapshot
-        narrowed = snap.stats.narrowed if snap is not None else None
+        narrowed = self.narrowed
         limits = self._limits if narrowed is None else tuple(min(n, narrowed) for n in self._limits)
         full = [self._load[0] >= limits[0]]
         if request.want_audio:
