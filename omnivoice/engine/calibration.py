@@ -183,11 +183,12 @@ def _reported(engine: EngineAPI) -> Capacity:
 
 def calibrate(
     engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline_id: int, widest: int | None = None
-) -> tuple[Capacity, int]:
+) -> int:
     """Run one burst per batch size up to `widest` (default: `burst_width`; again for the sizes a
-    stage with graphs left for later did not time), wait for the stages' figures, and return the
-    fitted capacity and the widest burst that went through (narrower than asked when a wider one ran
-    out of GPU memory); raise RuntimeError if a burst failed otherwise, or the first."""
+    stage with graphs left for later did not time), wait for the stages' figures (the log says the
+    capacity fitted to them), and return the widest burst that went through (narrower than asked
+    when a wider one ran out of GPU memory); raise RuntimeError if a burst failed otherwise, or the
+    first."""
     began = time.perf_counter()
     backlogged = _backlogged(engine)
     sizes = calibration_sizes(stages, widest)
@@ -217,4 +218,4 @@ def calibrate(
         capacity.streams,
         ", ".join(f"{name} {n}" for name, n in capacity.stages),
     )
-    return capacity, sizes[-1]
+    return sizes[-1]

@@ -132,14 +132,14 @@ class Engine(ModelFront, Dispatch):
         """Before serving: the warm-up burst, then the calibration (or the kept one); either narrows
         the engine to the widest burst that GPU memory allows (`narrow`)."""
         stages, newline = self.profile.stages, newline_id(model.tokenizer)
-        widest = burst_width(stages)
+        widest = full = burst_width(stages)
         if stages.warms_burst():
             # its steps are not timed: admission learns from the calibration's (or the kept ones)
             self._pipeline.broadcast(TimeSteps(False))
             with steps.step("warm burst"):
                 widest = warm_burst(self, stages, model.spec, newline)
             self._pipeline.broadcast(TimeSteps(True))
-            if widest < burst_width(stages):
+            if widest < full:
                 self.narrow(widest)
         if not stages.calibrates():
             return
@@ -147,7 +147,7 @@ class Engine(ModelFront, Dispatch):
         if kept.reuse(self):  # the last calibration of these settings, if there is one
             return
         with steps.step("calibration"):
-            _, calibrated = calibrate(self, stages, model.spec, newline, widest)
+            calibrated = calibrate(self, stages, model.spec, newline, widest)
         if calibrated < widest:
             self.narrow(calibrated)
         if self.narrowed is None:  # a narrowed start's figures stop short of its widths
