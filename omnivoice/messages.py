@@ -141,6 +141,7 @@ class StageFinished:
     prompt_tokens: int = 0
     error: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, those taken from the conversation's cached prefix (thinker)
+    out_of_memory: bool = False  # reason "error": the step ran out of GPU memory (the stage goes on)
 
 
 @dataclass(frozen=True)

@@ -236,12 +236,14 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 @dataclass(frozen=True)
 class Finished:
-    """Last output of a request. finish_reason: stop | length | abort | error."""
+    """Last output of a request. finish_reason: stop | length | abort | error; `out_of_memory`: the
+    error was a step that ran out of GPU memory (the same request may go through later, or narrower)."""
 
     request_id: str
     finish_reason: FinishReason
     usage: Usage = field(default_factory=Usage)
     error: str | None = None
+    out_of_memory: bool = False
 
 
 EngineOutput = TextDelta | ToolCallDelta | ToolCallDone | AudioChunk | Finished

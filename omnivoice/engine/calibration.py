@@ -40,8 +40,7 @@ import numpy as np
 from omnivoice.config import StagesConfig
 from omnivoice.engine.api import EngineAPI
 from omnivoice.engine.capacity import MIN_SIZE_STEPS
-from omnivoice.engine.device_fault import ran_out_of_memory
-from omnivoice.engine.warm_burst import burst_width, run_apart, run_requests
+from omnivoice.engine.warm_burst import burst_width, failure_line, out_of_memory, run_apart, run_requests
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import chat_prompt, text_ids
 from omnivoice.runners.graphs import power_buckets
@@ -144,8 +143,8 @@ def _bursts(
         failed = run_apart(run_requests(engine, requests))
         if not failed:
             continue
-        why = f"the calibration burst of {size} failed ({len(failed)}): {failed[0]}"
-        if not all(map(ran_out_of_memory, failed)):
+        why = f"the calibration burst of {size} failed ({len(failed)}): {failure_line(failed[0])}"
+        if not out_of_memory(failed):
             raise RuntimeError(why)
         log.warning("calibration: %s", why)
         return size

@@ -75,11 +75,6 @@ def failure_text(error: BaseException) -> str:
     return str(error)
 
 
-def ran_out_of_memory(failure: str) -> bool:
-    """True when a request's `failure` (as `failure_text` worded it) was a step out of GPU memory."""
-    return OUT_OF_MEMORY in failure
-
-
 def exit_soon(reason: str, delay_s: float = EXIT_DELAY_S) -> None:
     """End this process `delay_s` from now with EXIT_DEVICE_FAULT, without the interpreter's teardown
     (which would free tensors on the faulted device and abort)."""

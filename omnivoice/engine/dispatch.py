@@ -212,7 +212,7 @@ class Dispatch:
                 self._pipeline.send("thinker", AudioStarted(rid), replica=route[0])
                 self._pipeline.send("talker", AudioStarted(rid), replica=route[1])
         elif isinstance(msg, StageFinished) and msg.reason == "error":
-            self._fail(rid, msg.error or f"{msg.stage} failed")
+            self._fail(rid, msg.error or f"{msg.stage} failed", out_of_memory=msg.out_of_memory)
         elif isinstance(msg, StageFinished) and (reason := state.on_stage_finished(msg)) is not None:
             with self._lock:
                 self._pop(rid)
@@ -230,13 +230,13 @@ class Dispatch:
         if in_process:
             self.on_device_fault(self.failure or msg.error)
 
-    def _fail(self, rid: str, error: str) -> None:
+    def _fail(self, rid: str, error: str, out_of_memory: bool = False) -> None:
         with self._lock:
             state = self._pop(rid)
         if state is None or state.done:
             return
         self._pipeline.broadcast(Abort(rid))
-        state.finish("error", error)
+        state.finish("error", error, out_of_memory)
 
     def _pop(self, rid: str) -> RequestState | None:
         """Forget a request (caller holds the lock) and give back its replicas' load."""

@@ -131,10 +131,10 @@ class RequestState:
         cut = self.talker is not None and self.talker.reason == "length"
         return "length" if cut else self.thinker.reason  # type: ignore[return-value]
 
-    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+    def finish(self, reason: FinishReason, error: str | None = None, out_of_memory: bool = False) -> None:
         """End the caller's iterator with `Finished` (once)."""
         self.done = True
-        self.emit(Finished(self.request.request_id, reason, self.usage(), error=error))
+        self.emit(Finished(self.request.request_id, reason, self.usage(), error, out_of_memory))
 
     def usage(self) -> Usage:
         t = self.thinker

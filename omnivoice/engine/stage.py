@@ -25,7 +25,7 @@ from omnivoice.config import PriorityConfig
 from omnivoice.engine.board import PriorityBoard, Seat
 from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
-from omnivoice.engine.device_fault import DeviceFault, failure_text, is_device_fault
+from omnivoice.engine.device_fault import DeviceFault, failure_text, is_device_fault, is_out_of_memory
 from omnivoice.engine.mps import mps_client
 from omnivoice.engine.parent_watch import server_alive
 from omnivoice.engine.process_stats import process_stats
@@ -329,12 +329,13 @@ class StageWorker:
             self._aborted.popitem(last=False)
 
     def _fail(self, ids: list[str], err: Exception) -> None:
+        memory = is_out_of_memory(err)
         for rid in ids:
             self._tombstone(rid)
             self._next.pop(rid, None)
             self.runner.abort(rid)
             error = f"{self.runner.name}: {failure_text(err)}"
-            self.engine.put(StageFinished(rid, self.runner.name, "error", error=error))
+            self.engine.put(StageFinished(rid, self.runner.name, "error", error=error, out_of_memory=memory))
 
     def _route(self, outs: list[Any]) -> None:
         """Each destination's share of `outs`, in their order, in one `put_many`: a step's outputs

@@ -28,7 +28,6 @@ import numpy as np
 
 from omnivoice.config import StagesConfig
 from omnivoice.engine.api import EngineAPI
-from omnivoice.engine.device_fault import ran_out_of_memory
 from omnivoice.models.loader import ModelSpec
 from omnivoice.models.token_prompt import CHAT_LAYOUT_IDS, chat_prompt, text_ids
 from omnivoice.types import Finished, GenerationRequest, ModelInfo, Sampling
@@ -70,16 +69,26 @@ def burst_requests(
     ]
 
 
-async def run_requests(engine: EngineAPI, requests: list[GenerationRequest]) -> list[str]:
-    """Run `requests` side by side to their ends, their outputs dropped; what failed, one line each."""
+async def run_requests(engine: EngineAPI, requests: list[GenerationRequest]) -> list[Finished]:
+    """Run `requests` side by side to their ends, their outputs dropped; the ends of those that failed."""
 
-    async def one(request: GenerationRequest) -> str | None:
+    async def one(request: GenerationRequest) -> Finished | None:
         async for out in engine.generate(request):
             if isinstance(out, Finished) and out.finish_reason not in ("stop", "length"):
-                return f"{request.request_id}: {out.finish_reason}: {out.error}"
+                return out
         return None
 
     return [e for e in await asyncio.gather(*(one(r) for r in requests)) if e is not None]
+
+
+def failure_line(failed: Finished) -> str:
+    """One failed request of a burst, for a log line or an error."""
+    return f"{failed.request_id}: {failed.finish_reason}: {failed.error}"
+
+
+def out_of_memory(failed: list[Finished]) -> bool:
+    """True when every one of `failed` ran out of GPU memory (a narrower burst may go through)."""
+    return all(f.out_of_memory for f in failed)
 
 
 def run_apart(coro: Coroutine[Any, Any, T]) -> T:
@@ -112,11 +121,12 @@ def warm_burst(engine: EngineAPI, stages: StagesConfig, spec: ModelSpec, newline
         failed = run_apart(run_requests(engine, requests))
         if not failed:
             break
-        if rows == 1 or not all(map(ran_out_of_memory, failed)):
-            raise RuntimeError(f"the warm-up burst failed ({len(failed)} of {rows}): {failed[0]}")
+        first = failure_line(failed[0])
+        if rows == 1 or not out_of_memory(failed):
+            raise RuntimeError(f"the warm-up burst failed ({len(failed)} of {rows}): {first}")
         log.warning(
             "warm-up burst: %d of %d requests ran out of GPU memory (%s); trying %d",
-            len(failed), rows, failed[0], rows // 2,
+            len(failed), rows, first, rows // 2,
         )  # fmt: skip
         rows //= 2
     log.info(

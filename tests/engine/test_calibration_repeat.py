@@ -59,7 +59,8 @@ OUT_OF_MEMORY = "talker: out of GPU memory in this step; retry shortly (the serv
 class BackloggedEngine:
     """An engine whose Code2Wav worker reports graphs left for later and times a burst's steps only
     from its `untimed_runs + 1`-th run of that size on (the earlier runs captured graphs). Its bursts
-    wider than `fits` (`fits_again` in the repeats) fail with `error`: out of GPU memory unless told."""
+    wider than `fits` (`fits_again` in the repeats) fail with `error`, out of GPU memory unless
+    `out_of_memory` is False."""
 
     def __init__(
         self,
@@ -68,10 +69,11 @@ class BackloggedEngine:
         fits: int = 64,
         fits_again: int = 64,
         error: str = OUT_OF_MEMORY,
+        out_of_memory: bool = True,
     ) -> None:
         self.info = ModelInfo("tiny", 24000, ("Ethan",), "Ethan", 256)
         self.untimed_runs, self.backlog = untimed_runs, backlog
-        self.fits, self.fits_again, self.error = fits, fits_again, error
+        self.fits, self.fits_again, self.error, self.out_of_memory = fits, fits_again, error, out_of_memory
         self.runs: dict[int, int] = {}
         self.bursts: list[int] = []  # the size of each burst, in the order they ran
         self._seen: set[tuple[str, int]] = set()
@@ -84,7 +86,7 @@ class BackloggedEngine:
             self.runs[int(size)] = self.runs.get(int(size), 0) + 1
         await asyncio.sleep(0)
         if int(size) > (self.fits if tag == "calibrate" else self.fits_again):
-            yield Finished(request.request_id, "error", error=self.error)
+            yield Finished(request.request_id, "error", error=self.error, out_of_memory=self.out_of_memory)
         else:
             yield Finished(request.request_id, "length")
 
@@ -152,7 +154,9 @@ def test_a_repeat_out_of_memory_narrows_the_calibration_too() -> None:
 
 
 def test_a_calibration_failing_otherwise_or_at_its_first_size_fails_the_start() -> None:
-    other = BackloggedEngine(untimed_runs=0, backlog=False, fits=2, error="thinker: the grammar failed")
+    other = BackloggedEngine(
+        untimed_runs=0, backlog=False, fits=2, error="thinker: the grammar failed", out_of_memory=False
+    )
     with pytest.raises(RuntimeError, match=r"the calibration burst of 4 failed \(4\): .*the grammar failed"):
         _calibrate(other)
     assert other.bursts == [1, 2, 4]

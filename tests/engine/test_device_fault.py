@@ -81,7 +81,7 @@ def test_a_faulted_stage_fails_its_requests_and_stops_stepping() -> None:
             msgs.append(msg)
         failed = [m for m in msgs if isinstance(m, StageFinished)]
         assert [(m.request_id, m.reason) for m in failed] == [("a", "error")]
-        assert failed[0].error is not None and FAULT in failed[0].error
+        assert failed[0].error is not None and FAULT in failed[0].error and not failed[0].out_of_memory
         crashed = [m for m in msgs if isinstance(m, StageCrashed)]
         assert len(crashed) == 1 and crashed[0].device_fault and FAULT in crashed[0].error
     finally:
@@ -153,6 +153,7 @@ def test_a_step_out_of_memory_fails_its_requests_without_the_gpus_figures_and_st
         assert [(m.request_id, m.reason) for m in failed] == [("a", "error")]
         error = failed[0].error or ""
         assert "out of GPU memory" in error and "Process 5136" not in error and "GiB" not in error
+        assert failed[0].out_of_memory  # what a start-up burst narrows on
         inbox.put(request("b"))  # not a device fault: the stage goes on stepping
         wait_until(lambda: len(collect()) == 2, what="the second request's failure")
         assert [m.request_id for m in failed] == ["a", "b"] and runner.steps == 2 and thread.is_alive()

@@ -117,12 +117,12 @@ def _burst_width(request_id: str, full: int) -> int:
 
 
 class ShortOfMemory:
-    """An engine whose steps run out of GPU memory in any burst wider than `fits` (`error`: the failure
-    it reports instead, for a failure of another kind)."""
+    """An engine whose steps run out of GPU memory in any burst wider than `fits` (`error`, without
+    `out_of_memory`: the failure it reports instead, for a failure of another kind)."""
 
-    def __init__(self, full: int, fits: int, error: str = OUT_OF_MEMORY) -> None:
+    def __init__(self, full: int, fits: int, error: str = OUT_OF_MEMORY, out_of_memory: bool = True) -> None:
         self.info = ModelInfo("tiny", 24000, ("Ethan",), "Ethan", 256)
-        self.full, self.fits, self.error = full, fits, error
+        self.full, self.fits, self.error, self.out_of_memory = full, fits, error, out_of_memory
         self.widths: list[int] = []  # the width of each burst, in the order they ran
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Finished, None]:
@@ -131,7 +131,7 @@ class ShortOfMemory:
             self.widths.append(width)
         await asyncio.sleep(0)
         if width > self.fits:
-            yield Finished(request.request_id, "error", error=self.error)
+            yield Finished(request.request_id, "error", error=self.error, out_of_memory=self.out_of_memory)
         else:
             yield Finished(request.request_id, "length")
 
@@ -158,10 +158,17 @@ def test_a_burst_out_of_memory_runs_again_at_half_its_width_until_one_goes_throu
 
 
 def test_a_burst_that_fails_otherwise_or_at_one_request_fails_the_start() -> None:
-    other = ShortOfMemory(full=8, fits=2, error="talker: the request's prompt leaves no room for audio")
+    other = ShortOfMemory(
+        full=8, fits=2, error="talker: the request's prompt leaves no room for audio", out_of_memory=False
+    )
     with pytest.raises(RuntimeError, match=r"the warm-up burst failed \(8 of 8\): .*no room for audio"):
         _run(other, 8)
     assert other.widths == [8]  # not tried narrower: memory was not what failed it
+    # the request's end says whether memory failed it, not its words
+    worded = ShortOfMemory(full=8, fits=2, out_of_memory=False)
+    with pytest.raises(RuntimeError, match=r"the warm-up burst failed \(8 of 8\): .*out of GPU memory"):
+        _run(worded, 8)
+    assert worded.widths == [8]
     none = ShortOfMemory(full=4, fits=0)
     with pytest.raises(RuntimeError, match=r"the warm-up burst failed \(1 of 1\): .*out of GPU memory"):
         _run(none, 4)
