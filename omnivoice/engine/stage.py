@@ -254,7 +254,13 @@ class StageWorker:
             outs = self.runner.step(defer_ahead)
         except Exception as e:
             ids = self.runner.active_ids()
-            log.exception("%s stage step failed; failing requests %s", self.runner.name, ids)
+            if is_out_of_memory(e):  # not a bug: the allocator's words say what did not fit
+                log.warning(
+                    "%s stage: a step ran out of GPU memory; failing requests %s: %s",
+                    self.runner.name, ids, e, exc_info=log.isEnabledFor(logging.DEBUG),
+                )  # fmt: skip
+            else:
+                log.exception("%s stage step failed; failing requests %s", self.runner.name, ids)
             self._fail(ids, e)
             if is_device_fault(e):
                 raise DeviceFault(f"{self.runner.name}: {e}") from e

@@ -6,6 +6,7 @@ A CPU cannot fault like a GPU, so the runner's step is made to raise what torch 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -134,7 +135,10 @@ class OutOfMemoryRunner(FaultingRunner):
         )
 
 
-def test_a_step_out_of_memory_fails_its_requests_without_the_gpus_figures_and_steps_on() -> None:
+def test_a_step_out_of_memory_fails_its_requests_without_the_gpus_figures_and_steps_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="omnivoice.engine.stage")
     runner = OutOfMemoryRunner()
     inbox, talker, engine = LocalConnector(), LocalConnector(), LocalConnector()
     thread = threading.Thread(target=StageWorker(runner, inbox, [talker], engine).run, daemon=True)
@@ -157,6 +161,10 @@ def test_a_step_out_of_memory_fails_its_requests_without_the_gpus_figures_and_st
         inbox.put(request("b"))  # not a device fault: the stage goes on stepping
         wait_until(lambda: len(collect()) == 2, what="the second request's failure")
         assert [m.request_id for m in failed] == ["a", "b"] and runner.steps == 2 and thread.is_alive()
+        # the log has the allocator's figures, as a warning: not a bug's traceback
+        said = [r for r in caplog.records if "ran out of GPU memory" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING] * 2
+        assert "82.19 MiB is free" in said[0].getMessage() and not said[0].exc_info
     finally:
         inbox.put(Shutdown())
         thread.join(5)
