@@ -28,6 +28,10 @@
 #                 in the engine then, how long /health was not ok, and the supervisor's "stages
 #                 restarted in"; rt-fault-s<N>.json/.log the turns
 #   PHASE=stop    SIGTERM the server, keep its log's errors
+#   PHASE=engine  after PHASE=stop: `bench engine` (the in-process engine, no server) at each of ENGINE_C
+#                 (default 32; 4 x C requests after 8 warm-ups, 128-token prompts, TOKENS and FRAMES as
+#                 the chat phase's) on PROFILE: the engine's own TTFP beside the chat phase's through
+#                 HTTP, on the same machine; engine-c<C>.json/.log
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
 # spoken question made with espeak-ng on the CPU machine); git ignores both, so the call names them in
 # its `carry` (PHASE=start stops at once, saying so, when they did not come). Everything measured so far is packed into
@@ -260,6 +264,20 @@ fault)
     grep -c "error" "$STATE/r/rt-fault-s$n.log"
     scrape "fault-s$n"
     pack
+    ;;
+engine)
+    # the engine's own figures for the chat workload, on the same machine: the server must be stopped
+    # first (both do not fit one GPU), and the stage processes reuse its compiled artifacts
+    if alive; then echo "a server is running (pid $(cat "$STATE/server.pid")): PHASE=stop first"; exit 1; fi
+    for c in ${ENGINE_C:-32}; do
+        if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): bench engine c=$c"; continue; fi
+        timeout "$TB" python3 -m omnivoice bench engine --profile "$PROFILE" --prompt-tokens 128 \
+            --text-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" --concurrency "$c" \
+            --num-prompts $((c * 4)) --warmups 8 --quiet --label "engine, c=$c" \
+            --output-json "$STATE/r/engine-c$c.json" > "$STATE/r/engine-c$c.log" 2>&1
+        grep -v "^\[" "$STATE/r/engine-c$c.log" | tail -14
+        pack
+    done
     ;;
 stop)
     if alive; then
