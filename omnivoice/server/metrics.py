@@ -130,8 +130,9 @@ class EngineStatsCollector(Collector):
             batch.add_metric([s.name], s.last_batch_size)
             steps.add_metric([s.name], s.steps)
             gave_way.add_metric([s.name], s.gave_way_s)
-        active = GaugeMetricFamily("omnivoice_engine_active_requests", "Requests inside the engine")
-        active.add_metric([], stats.active_requests)
+        active = _gauge(
+            "omnivoice_engine_active_requests", "Requests inside the engine", stats.active_requests
+        )
         yield from (queued, running, batch, steps, gave_way, active, prompt, windows)
         yield from _stage_time_metrics(stats.stages)
         if stats.hops:
@@ -251,8 +252,9 @@ class ServerStateCollector(Collector):
         transports = (("websocket", "websocket"), ("webrtc", "webrtc_calls"), ("twilio", "twilio_calls"))
         for transport, key in transports:
             sessions.add_metric([transport], rt[key])
-        slots = GaugeMetricFamily("omnivoice_realtime_reserved_slots", "Realtime session slots held")
-        slots.add_metric([], rt["reserved_slots"])
+        slots = _gauge(
+            "omnivoice_realtime_reserved_slots", "Realtime session slots held", rt["reserved_slots"]
+        )
         proc = state["process"]
         rss = GaugeMetricFamily(
             "omnivoice_process_resident_memory_bytes", "Resident memory by process", labels=["process"]
@@ -263,10 +265,14 @@ class ServerStateCollector(Collector):
         rss.add_metric(["server"], proc["rss_bytes"])
         fds.add_metric(["server"], proc["open_fds"])
         yield from _speculative(state["speculative_responses"])
-        tasks = GaugeMetricFamily("omnivoice_asyncio_tasks", "asyncio tasks of the server's event loop")
-        tasks.add_metric([], proc["asyncio_tasks"])
-        shm = GaugeMetricFamily("omnivoice_shm_segments", "Shared-memory segments of the server's connectors")
-        shm.add_metric([], proc["shm_segments"])
+        tasks = _gauge(
+            "omnivoice_asyncio_tasks", "asyncio tasks of the server's event loop", proc["asyncio_tasks"]
+        )
+        shm = _gauge(
+            "omnivoice_shm_segments",
+            "Shared-memory segments of the server's connectors",
+            proc["shm_segments"],
+        )
         yield from (sessions, slots, tasks, shm)
         engine = state["engine"]
         if engine is not None:
@@ -294,10 +300,11 @@ class ServerStateCollector(Collector):
                 if w["pid"] and w["pid"] != proc["pid"]:  # a process of its own
                     rss.add_metric([f"{stage}-{replica}"], w["rss_bytes"])
                     fds.add_metric([f"{stage}-{replica}"], w["open_fds"])
-            conversations = GaugeMetricFamily(
-                "omnivoice_engine_conversations", "Conversations the engine routes to a thinker replica"
+            conversations = _gauge(
+                "omnivoice_engine_conversations",
+                "Conversations the engine routes to a thinker replica",
+                engine["conversations"],
             )
-            conversations.add_metric([], engine["conversations"])
             yield from (tables, graphs, mps, conversations)
         yield from (rss, fds)
 
