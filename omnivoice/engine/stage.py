@@ -336,11 +336,11 @@ class StageWorker:
 
     def _fail(self, ids: list[str], err: Exception) -> None:
         memory = is_out_of_memory(err)
+        error = f"{self.runner.name}: {failure_text(err)}"
         for rid in ids:
             self._tombstone(rid)
             self._next.pop(rid, None)
             self.runner.abort(rid)
-            error = f"{self.runner.name}: {failure_text(err)}"
             self.engine.put(StageFinished(rid, self.runner.name, "error", error=error, out_of_memory=memory))
 
     def _route(self, outs: list[Any]) -> None:
