@@ -16,6 +16,7 @@ from omnivoice.engine import calibration
 from omnivoice.engine.calibration import REPEATS, calibrate, calibration_sizes, sizes_to_repeat
 from omnivoice.models.dummy import REDUCED, DummySource, dummy_spec
 from omnivoice.types import Capacity, Finished, GenerationRequest, ModelInfo, StageStats
+from tests.engine.test_warm_burst import OUT_OF_MEMORY
 
 STAGE = {"worker": "thread", "max_batch": 8, "max_seq_len": 256}
 SIZES = (1, 2, 4, 8)
@@ -51,9 +52,6 @@ def test_the_bursts_go_up_to_the_narrower_language_model_not_to_code2wav() -> No
     assert calibration_sizes(profile.stages) == SIZES
     profile = parse_profile({"stages": {"thinker": STAGE, "talker": narrow, "code2wav": STAGE}})
     assert calibration_sizes(profile.stages) == (1, 2, 4)
-
-
-OUT_OF_MEMORY = "talker: out of GPU memory in this step; retry shortly (the server's log has the details)"
 
 
 class BackloggedEngine:
