@@ -29,9 +29,10 @@
 #                 restarted in"; rt-fault-s<N>.json/.log the turns
 #   PHASE=stop    SIGTERM the server, keep its log's errors
 #   PHASE=engine  after PHASE=stop: `bench engine` (the in-process engine, no server) at each of ENGINE_C
-#                 (default 32; 4 x C requests after 8 warm-ups, 128-token prompts, TOKENS and FRAMES as
-#                 the chat phase's) on PROFILE: the engine's own TTFP beside the chat phase's through
-#                 HTTP, on the same machine; engine-c<C>.json/.log
+#                 (default 32; 4 x C requests after 8 warm-ups, TOKENS and FRAMES as the chat phase's,
+#                 prompts as long as the text chat run's at that concurrency: its mean usage.prompt_tokens,
+#                 PROMPT_TOKENS to set it, 128 without one) on PROFILE: the engine's own TTFP beside the
+#                 chat phase's through HTTP, on the same machine; engine-c<C>.json/.log
 # Like serve_run.sh the device tool carries `.whl/` (the server's wheels) and `.speech/utt.wav` (a
 # spoken question made with espeak-ng on the CPU machine); git ignores both, so the call names them in
 # its `carry` (PHASE=start stops at once, saying so, when they did not come). Everything measured so far is packed into
@@ -271,7 +272,11 @@ engine)
     if alive; then echo "a server is running (pid $(cat "$STATE/server.pid")): PHASE=stop first"; exit 1; fi
     for c in ${ENGINE_C:-32}; do
         if [ "$(left)" -lt "$TB" ]; then echo "not run (no time left in this call): bench engine c=$c"; continue; fi
-        timeout "$TB" python3 -m omnivoice bench engine --profile "$PROFILE" --prompt-tokens 128 \
+        # the chat phase's prompt length at this concurrency (its usage.prompt_tokens), so both time
+        # the same prefill; PROMPT_TOKENS overrides, 128 without a chat run
+        prompt=${PROMPT_TOKENS:-$(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1])).get('mean_prompt_tokens') or 128))" "$STATE/r/chat-text-c$c.json" 2>/dev/null || echo 128)}
+        echo "bench engine c=$c with $prompt-token prompts"
+        timeout "$TB" python3 -m omnivoice bench engine --profile "$PROFILE" --prompt-tokens "$prompt" \
             --text-tokens "${TOKENS:-64}" --audio-frames "${FRAMES:-240}" --concurrency "$c" \
             --num-prompts $((c * 4)) --warmups 8 --quiet --label "engine, c=$c" \
             --output-json "$STATE/r/engine-c$c.json" > "$STATE/r/engine-c$c.log" 2>&1

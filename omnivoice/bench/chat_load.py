@@ -139,6 +139,7 @@ class _StreamState:
         self.record = record
         self.text_chunks = 0
         self.usage_tokens: int | None = None
+        self.prompt_tokens: int | None = None
 
     def feed(self, chunk: dict, now: float) -> None:
         if chunk.get("error"):
@@ -146,6 +147,8 @@ class _StreamState:
         usage = chunk.get("usage")
         if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
             self.usage_tokens = int(usage["completion_tokens"])
+            if usage.get("prompt_tokens") is not None:
+                self.prompt_tokens = int(usage["prompt_tokens"])
         choices = chunk.get("choices") or []
         if not choices:
             return
@@ -168,6 +171,7 @@ class _StreamState:
     def finish(self, now: float) -> RequestRecord:
         self.record.end = now
         self.record.text_tokens = self.usage_tokens if self.usage_tokens is not None else self.text_chunks
+        self.record.prompt_tokens = self.prompt_tokens
         return self.record
 
 

@@ -113,6 +113,7 @@ async def send_one(engine: Engine, request: GenerationRequest) -> RequestRecord:
                     record.first_audio_ms = asdict(out.first_audio)
             elif isinstance(out, Finished):
                 record.text_tokens = out.usage.completion_tokens
+                record.prompt_tokens = out.usage.prompt_tokens
                 if out.finish_reason not in ("stop", "length"):
                     record.error = f"{out.finish_reason}: {out.error}"
     except Exception as e:  # a request boundary: every failure is counted, none ends the run

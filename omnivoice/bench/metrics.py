@@ -29,6 +29,7 @@ class RequestRecord:
     first_text: float | None = None
     audio_chunks: list[tuple[float, float]] = field(default_factory=list)
     text_tokens: int = 0
+    prompt_tokens: int | None = None  # the prompt's length as the engine counted it, where told
     end: float | None = None
     error: str | None = None
     first_audio_ms: dict[str, float] | None = None  # the engine's breakdown of the wait (types.FirstAudio)
@@ -145,6 +146,7 @@ class Summary:
     mean_stall_ms: float | None
     no_audio: int
     first_audio_ms: dict[str, float] | None = None  # mean of each part of the breakdown, where given
+    prompt_tokens: Stats = Stats()  # over the requests whose prompt length was told
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
@@ -175,6 +177,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
         mean_stall_ms=1000.0 * sum(stalls) / len(stalls) if stalls else None,
         no_audio=len(ok) - len(with_audio),
         first_audio_ms=_mean_parts([r.first_audio_ms for r in with_audio if r.first_audio_ms]),
+        prompt_tokens=Stats.of([r.prompt_tokens for r in ok if r.prompt_tokens is not None]),
     )
 
 

@@ -71,6 +71,8 @@ def build_report(summary: Summary, **meta: Any) -> dict[str, Any]:
         "text_tokens": summary.text_tokens,
         "requests_without_audio": summary.no_audio,
     }
+    if summary.prompt_tokens.mean is not None:
+        report["mean_prompt_tokens"] = round(summary.prompt_tokens.mean, 1)
     if summary.first_audio_ms is not None:
         report["mean_first_audio_ms"] = {k: round(v, 1) for k, v in summary.first_audio_ms.items()}
     return report
@@ -95,6 +97,7 @@ def format_table(report: dict[str, Any]) -> str:
         ("model", report.get("model")),
         ("concurrency", report.get("concurrency")),
         ("requests ok / errors", f"{report['requests']} / {report['errors']}"),
+        ("prompt tokens, mean", report.get("mean_prompt_tokens")),
         ("duration (s)", report["duration_s"]),
         ("audio s per s", report["audio_s_per_s"]),
         ("output tok/s", report["output_tok_per_s"]),

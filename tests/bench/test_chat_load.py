@@ -147,7 +147,7 @@ async def test_one_request_timings_match_the_script(fake: FakeOmni) -> None:
     assert 0.045 <= r.first_text - r.t0 < 0.05 + 0.15  # the empty role chunk is not the first text
     assert 0.145 <= r.first_audio - r.t0 < 0.15 + 0.15
     assert r.audio_seconds == pytest.approx(1.32)  # the first chunk counted once, not twice
-    assert r.text_tokens == 7  # from the usage chunk
+    assert r.text_tokens == 7 and r.prompt_tokens == 5  # from the usage chunk
     s = summarize(result.records, result.duration_s)
     assert s.rtf.mean == pytest.approx(0.75 / 1.32, abs=0.1)
     assert s.max_stall_ms == pytest.approx(280.0, abs=100.0)
@@ -159,7 +159,8 @@ async def test_text_chunks_count_as_tokens_without_usage(fake: FakeOmni) -> None
     (r,) = (await run_load(cfg)).records
     assert "stream_options" not in fake.payloads[0]
     assert fake.payloads[0]["model"] == "x"
-    assert r.text_tokens == 3
+    assert r.text_tokens == 3 and r.prompt_tokens is None
+    assert summarize([r], 1.0).prompt_tokens.mean is None
 
 
 async def test_errors_are_counted_not_fatal(fake: FakeOmni) -> None:
@@ -187,7 +188,7 @@ def test_cli_closed_loop_with_warmups(fake: FakeOmni, tmp_path: Path, capsys) ->
 
     report = json.loads(out.read_text())
     assert report["requests"] == 4 and report["errors"] == 0
-    assert report["concurrency"] == 2
+    assert report["concurrency"] == 2 and report["mean_prompt_tokens"] == 5
     assert (report["engine"], report["machine"], report["label"]) == ("fake-omni", "loopback", "test")
     assert report["audio_seconds"] == pytest.approx(4 * 1.32)
     # two rounds of ~0.8 s each

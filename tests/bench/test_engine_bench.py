@@ -36,6 +36,7 @@ def test_cli_reports_engine_and_transformers_baseline(tiny_checkpoint: Path, tmp
         assert report[key] is not None, key
     assert report["concurrency"] == 2 and report["requests"] == 3 and report["errors"] == 0
     assert report["text_tokens"] == 3 * 6 and report["output_tok_per_s"] > 0
+    assert report["mean_prompt_tokens"] == 24  # as the engine counted the prompts it was given
     assert report["audio_s_per_s"] > 0 and report["mean_ttft_ms"] <= report["mean_ttfp_ms"]
     assert {s["name"] for s in report["stages"]} == {"thinker", "talker", "code2wav"}
     assert all(s["steps"] > 0 and s["busy_s"] > 0 for s in report["stages"])
