@@ -45,16 +45,28 @@ def _write_profile(fn, path: Path) -> None:
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-    cpu = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
-    path.write_text(table + "\n\n" + cpu)
+    path.write_text(_tables(prof, 25))
+
+
+def _tables(prof, rows: int) -> str:
+    """The profiler's kernel table (by GPU time) and operator table (by CPU time), with names whole
+    (inductor's fused kernels are named after the ops they fuse)."""
+    events = prof.key_averages()
+    width = {"row_limit": rows, "max_name_column_width": 160}
+    return (
+        events.table(sort_by="cuda_time_total", **width)
+        + "\n\n"
+        + events.table(sort_by="self_cpu_time_total", **width)
+    )
 
 
 @torch.inference_mode()
 def code2wav_figures(code2wav, batch: int, steps: int, out: Path) -> dict[str, float]:
     """Code2Wav at `batch` windows of its first-chunk and steady lengths: transformers' forward at the
-    exact shape, the runner's padded step eager and graphed, and the bare graph replay."""
+    exact shape, the runner's padded step eager and graphed, and the bare graph replay; at most as
+    many windows as Code2Wav steps at once (its widest batch bucket)."""
     vocoder = code2wav.vocoder
+    batch = min(batch, vocoder.batch_sizes[-1])
     figures: dict[str, float] = {}
     groups = vocoder.groups
     graphed = vocoder.graphs.pool is not None
@@ -80,8 +92,11 @@ def code2wav_figures(code2wav, batch: int, steps: int, out: Path) -> dict[str, f
 
 def _device_ms(prof) -> float:
     """The kernels' own time under `prof`, in ms (the GPU side of what was profiled)."""
+    from torch.autograd import DeviceType
+
+    # the kernels' own rows only: an operator's row repeats the time of the kernels it launched
     events = prof.key_averages()
-    return sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e3
+    return sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e3
 
 
 def lm_figures(
@@ -130,11 +145,7 @@ def lm_figures(
         # the profiled prefill's wall time against its kernels' time: host-bound if far apart
         figures["thinker_prefill_profiled_ms"] = (time.perf_counter() - began) * 1e3
         figures["thinker_prefill_kernels_ms"] = _device_ms(prof)
-        (out / f"thinker-prefill-b{batch}.txt").write_text(
-            prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-            + "\n\n"
-            + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-        )
+        (out / f"thinker-prefill-b{batch}.txt").write_text(_tables(prof, 30))
         for _ in range(3):  # a few tokens ahead, so the talker has text to read
             thinker_step()
         torch.cuda.synchronize()
@@ -181,6 +192,9 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     profile = load_profile(args.profile)
+    widest = profile.stages.thinker.max_batch
+    if not args.code2wav_only and max(args.batch) > widest:
+        parser.error(f"--batch: at most the thinker's max_batch ({widest}) requests run at once")
     source = resolve_model_path(profile)
     stages = ("code2wav",) if args.code2wav_only else ("thinker", "talker", "code2wav")
     runners = build_runners(profile, source, only=tuple((s, 0) for s in stages))

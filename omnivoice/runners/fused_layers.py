@@ -277,7 +277,8 @@ def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class CompiledFn:
     """`fn` compiled by torch.compile; if compiling fails (no toolchain, an op the compiler cannot
-    take), `fn` itself from then on, said once in the log. Same math either way."""
+    take), `fn` itself from then on, said once in the log. Same math either way. Running out of
+    device memory is not a compile failure: it is raised, and the next call runs compiled again."""
 
     def __init__(self, fn: Callable[..., Any], what: str) -> None:
         self.fn = fn
@@ -289,6 +290,8 @@ class CompiledFn:
         if self.compiled:
             try:
                 return self._compiled(*args)
+            except torch.OutOfMemoryError:
+                raise  # the device's memory, not the compiler: the caller's to handle, compiled still
             except Exception as e:
                 log.warning("%s: not compiled (%s: %s); running eagerly", self.what, type(e).__name__, e)
                 self.compiled = False

@@ -352,3 +352,26 @@ def test_warm_prefill_compiles_the_one_kind_of_prompt_batch_and_gives_the_slots_
             _prefill(stack, cache, rows, t, hidden)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "a prompt batch compiled again"
     assert "prefill layers compiled" in caplog.text
+
+
+def test_running_out_of_memory_is_no_compile_failure() -> None:
+    """An out-of-memory error inside the compiled function reaches the caller, and the next call runs
+    compiled again (a compile failure would switch to eager for good)."""
+    calls = {"n": 0}
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    compiled = CompiledFn(fn, "test fn")
+
+    def flaky(*args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return fn(*args)
+
+    compiled._compiled = flaky
+    with pytest.raises(torch.OutOfMemoryError):
+        compiled(torch.zeros(2))
+    assert compiled.compiled
+    assert torch.equal(compiled(torch.zeros(2)), torch.ones(2)) and calls["n"] == 2
