@@ -145,8 +145,9 @@ class _StreamState:
         if chunk.get("error"):
             raise RuntimeError(f"server error in stream: {json.dumps(chunk['error'])[:300]}")
         usage = chunk.get("usage")
-        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-            self.usage_tokens = int(usage["completion_tokens"])
+        if isinstance(usage, dict):  # each count as the server gives it, whichever chunk has it
+            if usage.get("completion_tokens") is not None:
+                self.usage_tokens = int(usage["completion_tokens"])
             if usage.get("prompt_tokens") is not None:
                 self.prompt_tokens = int(usage["prompt_tokens"])
         choices = chunk.get("choices") or []

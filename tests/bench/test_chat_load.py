@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from omnivoice.bench import cli
-from omnivoice.bench.chat_load import LoadConfig, audio_seconds, run_load, wav_seconds
-from omnivoice.bench.metrics import summarize
+from omnivoice.bench.chat_load import LoadConfig, _StreamState, audio_seconds, run_load, wav_seconds
+from omnivoice.bench.metrics import RequestRecord, summarize
 from tests.support.serve import serve_thread
 
 RATE = 24000
@@ -118,6 +118,15 @@ def fake(server: FakeOmni) -> FakeOmni:
     server.payloads.clear()
     server.max_in_flight = 0
     return server
+
+
+def test_usage_counts_are_read_from_whichever_chunk_has_them() -> None:
+    """A server that sends the prompt's length apart from the completion's count has both recorded."""
+    state = _StreamState(RequestRecord(t0=0.0))
+    state.feed({"choices": [], "usage": {"prompt_tokens": 14}}, 0.1)
+    assert state.prompt_tokens == 14 and state.usage_tokens is None
+    state.feed({"choices": [], "usage": {"completion_tokens": 64}}, 0.2)
+    assert (state.prompt_tokens, state.usage_tokens) == (14, 64)
 
 
 def test_audio_seconds_of_pcm_and_wav() -> None:
