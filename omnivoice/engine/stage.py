@@ -25,7 +25,7 @@ from omnivoice.config import PriorityConfig
 from omnivoice.engine.board import PriorityBoard, Seat
 from omnivoice.engine.capacity import StepTimes
 from omnivoice.engine.connectors import Connector
-from omnivoice.engine.device_fault import DeviceFault, failure_text, is_device_fault, is_out_of_memory
+from omnivoice.engine.device_fault import DeviceFault, failure_text
 from omnivoice.engine.mps import mps_client
 from omnivoice.engine.parent_watch import server_alive
 from omnivoice.engine.process_stats import process_stats
@@ -41,6 +41,7 @@ from omnivoice.messages import (
     TimeSteps,
     TokenOutput,
 )
+from omnivoice.runners.device_errors import is_device_fault, is_out_of_memory
 from omnivoice.runners.graph_backlog import GraphBacklog
 from omnivoice.runners.priority import Priority
 from omnivoice.types import STAGES, StageName, StageStats

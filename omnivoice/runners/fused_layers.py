@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnivoice.runners.device_errors import is_device_fault, is_out_of_memory
 from omnivoice.runners.kv_cache import write_read
 
 log = logging.getLogger(__name__)
@@ -277,8 +278,9 @@ def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 class CompiledFn:
     """`fn` compiled by torch.compile; if compiling fails (no toolchain, an op the compiler cannot
-    take), `fn` itself from then on, said once in the log. Same math either way. Running out of
-    device memory is not a compile failure: it is raised, and the next call runs compiled again."""
+    take), `fn` itself from then on, said once in the log. Same math either way. An error of the
+    device (a failed allocation, a device fault: `device_errors`) is no compile failure: it is
+    raised, and the next call runs compiled again."""
 
     def __init__(self, fn: Callable[..., Any], what: str) -> None:
         self.fn = fn
@@ -290,9 +292,9 @@ class CompiledFn:
         if self.compiled:
             try:
                 return self._compiled(*args)
-            except torch.OutOfMemoryError:
-                raise  # the device's memory, not the compiler: the caller's to handle, compiled still
             except Exception as e:
+                if is_out_of_memory(e) or is_device_fault(e):
+                    raise  # the device's error, not the compiler's: the caller's to handle, compiled still
                 log.warning("%s: not compiled (%s: %s); running eagerly", self.what, type(e).__name__, e)
                 self.compiled = False
         return self.fn(*args)

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from omnivoice.engine.connectors import LocalConnector
-from omnivoice.engine.device_fault import OUT_OF_MEMORY, failure_text, is_device_fault
+from omnivoice.engine.device_fault import OUT_OF_MEMORY, failure_text
 from omnivoice.engine.engine import Engine
 from omnivoice.engine.stage import StageCrashed, StageWorker
 from omnivoice.messages import Shutdown, StageFinished
+from omnivoice.runners.device_errors import is_device_fault
 from omnivoice.runners.talker import TalkerRunner
 from omnivoice.types import AudioChunk, Finished
 from tests.engine.test_stage_tables import HoldingRunner, request
